@@ -1,0 +1,26 @@
+#include "runtime/torch_info.h"
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <thread>
+
+namespace vlm::runtime {
+
+std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+bool cuda_available() { return torch::cuda::is_available(); }
+
+int cuda_device_count() { return cuda_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+int configure_threads(int requested) {
+  int threads = requested;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(threads);
+  return threads;
+}
+
+}  // namespace vlm::runtime

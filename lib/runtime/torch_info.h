@@ -1,0 +1,16 @@
+// What LibTorch this binary was built against and what it can use, for --version and logs.
+#pragma once
+
+#include <string>
+
+namespace vlm::runtime {
+
+std::string torch_version();  // e.g. "1.13.1"
+bool cuda_available();        // built with CUDA and a device is visible
+int cuda_device_count();
+
+// Sets LibTorch's intra-op thread count; 0 means "all cores" (LibTorch 1.13 would otherwise
+// use hardware_concurrency()/2, i.e. one thread on a 2-core machine). Returns the count used.
+int configure_threads(int requested);
+
+}  // namespace vlm::runtime

@@ -1,0 +1,2 @@
+// Anchor translation unit for the shared precompiled header target.
+#include "runtime/torch_pch.h"

@@ -1,0 +1,216 @@
+#include "core/config_io.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/config_visitors.h"
+#include "core/strings.h"
+
+namespace vlm {
+namespace {
+
+using config_detail::JsonWriter;
+using config_detail::SchemaLister;
+using config_detail::Source;
+using config_detail::YamlReader;
+using config_detail::YamlWriter;
+
+constexpr int64_t kMaxConfigBytes = 4 << 20;
+// A config has a few hundred nodes; a document that expands to more is an alias bomb
+// ("billion laughs") or not a config at all. yaml-cpp shares aliased nodes, so the bomb only
+// explodes when walked: we walk with a budget before reading anything.
+constexpr int64_t kMaxNodes = 100000;
+constexpr int kMaxFlowDepth = 64;
+
+std::string read_config_text(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw ConfigError("config file not found", SourceLocation{path});
+  if (fs::is_directory(path, ec)) {
+    throw ConfigError("is a directory, expected a YAML file", SourceLocation{path});
+  }
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw ConfigError("cannot read: " + ec.message(), SourceLocation{path});
+  if (size > static_cast<uintmax_t>(kMaxConfigBytes)) {
+    throw ConfigError("file is " + std::to_string(size) + " bytes; a config is at most 4 MiB",
+                      SourceLocation{path});
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("cannot open for reading", SourceLocation{path});
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// YAML forbids tabs in indentation; yaml-cpp's own message for them is cryptic.
+void reject_tab_indentation(const std::string& text, const std::string& name) {
+  int64_t line = 1;
+  bool at_line_start = true;
+  int64_t column = 0;
+  for (const char c : text) {
+    if (c == '\n') {
+      ++line;
+      at_line_start = true;
+      column = 0;
+      continue;
+    }
+    ++column;
+    if (!at_line_start) continue;
+    if (c == '\t') {
+      throw ConfigError("tab character in indentation; YAML indents with spaces only",
+                        SourceLocation{name, line, column});
+    }
+    if (c != ' ') at_line_start = false;
+  }
+}
+
+// yaml-cpp parses flow collections recursively; bound the nesting so a hostile file cannot
+// overflow the stack.
+void reject_deep_nesting(const std::string& text, const std::string& name) {
+  int depth = 0;
+  int64_t line = 1;
+  for (const char c : text) {
+    if (c == '\n') ++line;
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxFlowDepth) {
+        throw ConfigError("nesting deeper than " + std::to_string(kMaxFlowDepth) + " levels",
+                          SourceLocation{name, line});
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+void walk_with_budget(const YAML::Node& node, int64_t& budget, const Source& source) {
+  if (--budget < 0) {
+    throw ConfigError("document expands to more than " + std::to_string(kMaxNodes) +
+                          " nodes (YAML alias/anchor bomb?)",
+                      source.at(node));
+  }
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      walk_with_budget(it->first, budget, source);
+      walk_with_budget(it->second, budget, source);
+    }
+  } else if (node.IsSequence()) {
+    for (auto it = node.begin(); it != node.end(); ++it) walk_with_budget(*it, budget, source);
+  }
+}
+
+YAML::Node parse_yaml(const std::string& text, const Source& source) {
+  reject_tab_indentation(text, source.name);
+  reject_deep_nesting(text, source.name);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    SourceLocation where{source.name};
+    if (source.has_lines && e.mark.line >= 0) {
+      where.line = e.mark.line + 1;
+      where.column = e.mark.column + 1;
+    }
+    throw ConfigError("invalid YAML: " + e.msg, where);
+  }
+  int64_t budget = kMaxNodes;
+  walk_with_budget(root, budget, source);
+  return root;
+}
+
+void read_document(const YAML::Node& root, const Source& source, LoadedConfig& loaded) {
+  if (!root.IsMap()) {
+    throw ConfigError("the top level must be a mapping of sections (model:, data:, train:, ...)",
+                      source.at(root));
+  }
+  YamlReader reader(root, "", source, loaded);
+  visit_fields(reader, loaded.config);
+  reader.finish();
+}
+
+// "train.lr.vision=1e-4" -> {train: {lr: {vision: 1e-4}}}
+YAML::Node override_document(const std::string& assignment, const Source& source) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError("expected KEY=VALUE such as train.batch_size=8", SourceLocation{source.name});
+  }
+  const std::string key = trim(assignment.substr(0, eq));
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (part.empty()) {
+      throw ConfigError("malformed key '" + key + "'", SourceLocation{source.name});
+    }
+    parts.push_back(part);
+  }
+  YAML::Node value = parse_yaml(assignment.substr(eq + 1), source);
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    YAML::Node parent(YAML::NodeType::Map);
+    parent[*it] = value;
+    value = parent;
+  }
+  return value;
+}
+
+}  // namespace
+
+SourceLocation LoadedConfig::where(const std::string& key) const {
+  const auto it = locations.find(key);
+  if (it != locations.end()) return it->second;
+  return SourceLocation{source.empty() ? "defaults" : source};
+}
+
+LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  LoadedConfig loaded;
+  loaded.source = path;
+  if (!path.empty()) {
+    const Source source{path, true};
+    const std::string text = read_config_text(path);
+    const YAML::Node root = parse_yaml(text, source);
+    if (root.IsNull()) throw ConfigError("config file is empty", SourceLocation{path});
+    read_document(root, source, loaded);
+  }
+  for (const auto& assignment : overrides) {
+    const Source source{"--set " + assignment, false};
+    read_document(override_document(assignment, source), source, loaded);
+  }
+  validate_config(loaded);
+  return loaded;
+}
+
+std::string to_yaml(const Config& config, bool with_docs) {
+  std::string out;
+  YamlWriter writer(out, 0, with_docs);
+  visit_fields(writer, const_cast<Config&>(config));  // writers only read
+  return out;
+}
+
+nlohmann::json to_json(const Config& config) {
+  nlohmann::json out = nlohmann::json::object();
+  JsonWriter writer(out);
+  visit_fields(writer, const_cast<Config&>(config));  // writers only read
+  return out;
+}
+
+std::string config_hash(const Config& config) {
+  // FNV-1a 64 over the canonical JSON text: stable across runs and machines.
+  const std::string text = to_json(config).dump();
+  uint64_t hash = 14695981039346656037ull;
+  for (const unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+std::vector<SchemaEntry> config_schema() {
+  std::vector<SchemaEntry> entries;
+  Config defaults;
+  SchemaLister lister(entries, "");
+  visit_fields(lister, defaults);
+  return entries;
+}
+
+}  // namespace vlm

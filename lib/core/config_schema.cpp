@@ -1,0 +1,32 @@
+#include "core/config_schema.h"
+
+#include <cmath>
+
+#include "core/strings.h"
+
+namespace vlm {
+
+std::string describe(const IntRange& r) {
+  const bool has_min = r.min != std::numeric_limits<int64_t>::min();
+  const bool has_max = r.max != std::numeric_limits<int64_t>::max();
+  if (has_min && has_max) return "[" + std::to_string(r.min) + ", " + std::to_string(r.max) + "]";
+  if (has_min) return ">= " + std::to_string(r.min);
+  if (has_max) return "<= " + std::to_string(r.max);
+  return "";
+}
+
+std::string describe(const RealRange& r) {
+  const bool has_min = std::isfinite(r.min);
+  const bool has_max = std::isfinite(r.max);
+  if (has_min && has_max) {
+    return std::string(r.min_exclusive ? "(" : "[") + format_real(r.min) + ", " +
+           format_real(r.max) + "]";
+  }
+  if (has_min) return std::string(r.min_exclusive ? "> " : ">= ") + format_real(r.min);
+  if (has_max) return "<= " + format_real(r.max);
+  return "";
+}
+
+std::string describe(const Choices& c) { return "one of: " + join(c.values, ", "); }
+
+}  // namespace vlm

@@ -1,0 +1,30 @@
+// Where this process sits in a multi-process job, read from the launcher's environment:
+// torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_USE_AGENT_STORE), SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+// SLURM_JOB_NODELIST, SLURM_JOB_ID), or a single process.
+#pragma once
+
+#include <map>
+#include <string>
+
+namespace vlm {
+
+struct DistEnv {
+  std::string launcher = "single";  // "torchrun", "slurm" or "single"
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool agent_store = false;  // torchrun --no-python: the agent already hosts the TCP store
+};
+
+// `env` maps variable names to values (tests pass their own; main passes the process env).
+// Throws UsageError for inconsistent values (RANK >= WORLD_SIZE, non-numbers, ...).
+DistEnv detect_dist_env(const std::map<std::string, std::string>& env);
+DistEnv detect_dist_env_from_process();
+
+// First host of a SLURM node list: "gpu[003-005,007],cpu01" -> "gpu003".
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace vlm

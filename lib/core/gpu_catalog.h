@@ -1,0 +1,27 @@
+// Known accelerators: memory and peak dense throughput, for memory budgets given by name
+// ("memory.device_memory: H100-80GB") and for MFU.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vlm {
+
+struct GpuInfo {
+  std::string name;            // canonical, e.g. "H100-80GB"
+  int64_t memory_bytes;        // usable device memory as the driver reports it
+  double peak_bf16_flops;      // dense, no sparsity (vendor datasheets)
+  std::vector<std::string> aliases;  // lowercase names a device may report ("nvidia h100 80gb hbm3")
+};
+
+const std::vector<GpuInfo>& gpu_catalog();
+
+// Case-insensitive lookup by canonical name or alias; a device name reported by CUDA
+// ("NVIDIA H100 80GB HBM3") also matches by containment of an alias.
+std::optional<GpuInfo> find_gpu(const std::string& name);
+
+std::vector<std::string> gpu_names();
+
+}  // namespace vlm

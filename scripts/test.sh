@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian bookworm machine: dependencies, build, every test.
+# This is the README's second command and what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/build.sh
+bash scripts/lint-scripts.sh
+cd build
+ctest -j "$(nproc)" --output-on-failure --timeout 900

@@ -1,0 +1,110 @@
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "data/manifest.h"
+#include "data/sample_stream.h"
+#include "data/skip_counter.h"
+#include "support/test_support.h"
+
+using namespace vlm::data;
+using vlm::test::TempDir;
+using vlm::test::write_file;
+
+TEST_CASE("the_cauldron and LLaVA lines parse; image paths resolve against the manifest") {
+  TempDir dir;
+  const auto path = write_file(
+      dir / "sub/m.jsonl",
+      R"({"images": ["img/a.png", "/abs/b.jpg"], "texts": [{"user": "Q1", "assistant": "A1"}, {"user": "Q2", "assistant": "A2"}]})"
+      "\n\n"
+      R"({"image": "c.jpg", "conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "This."}]})"
+      "\n");
+  Manifest m(path, ManifestFormat::kAuto);
+  REQUIRE(m.size() == 2);
+  CHECK(m.line_number(1) == 3);
+  const auto first = std::get<RawSample>(m.read(0));
+  CHECK(first.images == std::vector<std::string>{(dir / "sub/img/a.png").string(), "/abs/b.jpg"});
+  REQUIRE(first.turns.size() == 4);
+  CHECK(first.turns[3].role == Role::kAssistant);
+  CHECK(first.turns[3].text == "A2");
+  CHECK(first.where.str() == path + ":1");
+  const auto second = std::get<RawSample>(m.read(1));
+  CHECK(second.images == std::vector<std::string>{(dir / "sub/c.jpg").string()});
+  CHECK(second.turns[0].text == "<image>\nWhat?");
+  CHECK(second.where.line == 3);
+}
+
+TEST_CASE("malformed lines come back as problems with a stable reason") {
+  const vlm::SourceLocation at{"m.jsonl", 7};
+  auto reason = [&](const char* line, ManifestFormat f = ManifestFormat::kAuto) {
+    const auto parsed = parse_manifest_line(line, f, "", at);
+    return std::holds_alternative<SampleProblem>(parsed) ? std::get<SampleProblem>(parsed).reason
+                                                         : std::string("ok");
+  };
+  CHECK(reason("{not json") == "malformed_json");
+  CHECK(reason("[1, 2]") == "malformed_json");
+  CHECK(reason(R"({"foo": 1})") == "bad_schema");
+  CHECK(reason(R"({"texts": []})") == "bad_schema");
+  CHECK(reason(R"({"texts": [{"user": "q"}]})") == "bad_schema");
+  CHECK(reason(R"({"images": "a.png", "texts": [{"user": "q", "assistant": "a"}]})") == "bad_schema");
+  CHECK(reason(R"({"texts": [{"user": "q", "assistant": ""}]})") == "no_assistant_turn");
+  CHECK(reason(R"({"conversations": [{"from": "gpt", "value": "a"}]})") == "bad_schema");
+  CHECK(reason(R"({"conversations": [{"from": "robot", "value": "a"}]})") == "unsupported_role");
+  CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})", ManifestFormat::kLlava) == "bad_schema");
+  CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})") == "ok");
+}
+
+TEST_CASE("missing and empty manifests are data errors naming the file") {
+  TempDir dir;
+  CHECK_THROWS_AS(Manifest((dir / "none.jsonl").string(), ManifestFormat::kAuto), vlm::DataError);
+  const auto empty = write_file(dir / "empty.jsonl", "\n  \n");
+  CHECK_THROWS_WITH(Manifest(empty, ManifestFormat::kAuto), empty + ": manifest has no samples");
+}
+
+TEST_CASE("the skip counter tolerates a few bad samples and stops at the ceiling") {
+  SkipCounter counter(0.1, 5);
+  counter.count_seen(100);
+  for (int i = 0; i < 10; ++i) counter.skip("malformed_json", "x", {"m.jsonl", i + 1});
+  CHECK(counter.skipped() == 10);
+  CHECK_THROWS_AS(counter.skip("missing_image", "y", {"m.jsonl", 99}), vlm::DataError);
+  CHECK(counter.by_reason().at("malformed_json") == 10);
+
+  SkipCounter early(0.0, 3);  // never errors before min_count skips
+  early.skip("a", "", {});
+  early.skip("a", "", {});
+  CHECK_THROWS_AS(early.skip("a", "", {}), vlm::DataError);
+}
+
+TEST_CASE("the sample stream mixes by weight, covers each epoch once, and resumes exactly") {
+  SampleStream stream({10, 30}, {1.0, 3.0}, 7);
+  std::vector<SampleRef> refs;
+  for (int i = 0; i < 40; ++i) refs.push_back(stream.next());
+  std::set<uint64_t> seen[2];
+  for (const auto& r : refs) {
+    CHECK(r.epoch == 0);
+    CHECK(seen[r.dataset].insert(r.index).second);  // no repeats inside an epoch
+  }
+  CHECK(seen[0].size() == 10);  // exact proportions: 1:3 of 40
+  CHECK(seen[1].size() == 30);
+  CHECK(stream.next().epoch == 1);
+
+  SampleStream a({5, 7}, {2.0, 1.0}, 3);
+  for (int i = 0; i < 11; ++i) a.next();
+  const auto saved = a.state();
+  SampleStream b({5, 7}, {2.0, 1.0}, 3);
+  b.restore(saved);
+  for (int i = 0; i < 50; ++i) CHECK(a.next() == b.next());
+
+  SampleStream other_seed({5, 7}, {2.0, 1.0}, 4);
+  CHECK_THROWS_AS(other_seed.restore(saved), vlm::DataError);
+}
+
+TEST_CASE("an unshuffled stream reads in file order") {
+  SampleStream s({3}, {1.0}, 0, /*shuffle=*/false);
+  CHECK(s.next().index == 0);
+  CHECK(s.next().index == 1);
+  CHECK(s.next().index == 2);
+  const auto wrapped = s.next();
+  CHECK(wrapped.index == 0);
+  CHECK(wrapped.epoch == 1);
+}

@@ -12,7 +12,17 @@ struct ConfigArgs {
   bool json = false;
   bool schema = false;
   bool docs = false;
+  bool markdown = false;
 };
+
+// The reference table of docs/config.md (a test keeps that file in sync with the schema).
+void print_schema_markdown() {
+  std::cout << "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+  for (const auto& e : config_schema()) {
+    std::cout << "| `" << e.key << "` | " << e.type << " | `" << e.default_value << "` | "
+              << e.allowed << " | " << e.doc << " |\n";
+  }
+}
 
 void print_schema(bool json) {
   const auto entries = config_schema();
@@ -41,9 +51,10 @@ Command add_config_command(CLI::App& root, const GlobalOptions& global) {
   cmd->add_flag("--json", args->json, "Print JSON instead of YAML");
   cmd->add_flag("--schema", args->schema, "List every key with its type, default and doc");
   cmd->add_flag("--docs", args->docs, "With --print: each key's doc as a comment above it");
+  cmd->add_flag("--markdown", args->markdown, "With --schema: a Markdown table (docs/config.md)");
   return {cmd, [args, &global] {
             if (args->schema) {
-              print_schema(args->json);
+              args->markdown ? print_schema_markdown() : print_schema(args->json);
               return 0;
             }
             const LoadedConfig loaded = load_config_and_logging(global, false);

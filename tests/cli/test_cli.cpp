@@ -80,3 +80,16 @@ TEST_CASE("every shipped config is valid") {
     CHECK(r.exit_code == 0);
   }
 }
+
+TEST_CASE("docs/config.md lists exactly the current schema") {
+  const auto r = run_vlmtrain("config --schema --markdown");
+  REQUIRE(r.exit_code == 0);
+  const std::string doc = vlm::test::read_file(vlm::test::source_dir() / "docs" / "config.md");
+  const std::string begin = "<!-- schema:begin -->\n";
+  const auto from = doc.find(begin);
+  const auto to = doc.find("<!-- schema:end -->");
+  REQUIRE(from != std::string::npos);
+  REQUIRE(to != std::string::npos);
+  INFO("regenerate the table with: vlmtrain config --schema --markdown");
+  CHECK(doc.substr(from + begin.size(), to - from - begin.size()) == r.output);
+}

@@ -63,8 +63,8 @@ class ChatTemplate::Builder {
     role_ = role;
     special(chat_.im_start_id_, false);
     text_ = std::string(role_name(role)) + "\n";
-    header_tokens_ = role == ChatRole::kUser ? chat_.user_header_tokens_
-                                             : chat_.assistant_header_tokens_;
+    header_tokens_ =
+        role == ChatRole::kUser ? chat_.user_header_tokens_ : chat_.assistant_header_tokens_;
   }
 
   void text(std::string_view text) { text_ += text; }
@@ -152,8 +152,9 @@ TokenizedSample ChatTemplate::apply(const std::vector<ChatTurn>& turns,
   for (std::size_t i = 0; i < turns.size(); ++i) {
     const std::size_t in_turn = count_markers(turns[i].text);
     if (turns[i].role == ChatRole::kAssistant && in_turn > 0) {
-      throw DataError("an assistant turn contains <image>; images can only be placed in user "
-                      "turns");
+      throw DataError(
+          "an assistant turn contains <image>; images can only be placed in user "
+          "turns");
     }
     markers += in_turn;
     if (turns[i].role == ChatRole::kUser && !first_user) first_user = i;

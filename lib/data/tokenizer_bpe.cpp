@@ -1,7 +1,7 @@
 #include "data/tokenizer_bpe.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <stdexcept>
@@ -68,8 +68,8 @@ int32_t find_or(const std::unordered_map<std::string, int32_t>& vocab, const std
 
 }  // namespace
 
-BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
-                   const std::vector<Merge>& merges, BpeOptions options)
+BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab, const std::vector<Merge>& merges,
+                   BpeOptions options)
     : vocab_(std::move(vocab)), options_(options), cache_(std::make_unique<BpeWordCache>()) {
   const auto& alphabet = byte_level_alphabet();
   for (int byte = 0; byte < 256; ++byte) {
@@ -79,12 +79,13 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
   merges_.reserve(merges.size());
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [left, right] = merges[rank];
-    const std::string where = "merge #" + std::to_string(rank) + " (\"" + left + "\", \"" +
-                              right + "\")";
+    const std::string where =
+        "merge #" + std::to_string(rank) + " (\"" + left + "\", \"" + right + "\")";
     const int32_t left_id = find_or(vocab_, left, -1);
     const int32_t right_id = find_or(vocab_, right, -1);
     const int32_t merged_id = find_or(vocab_, left + right, -1);
-    if (left_id < 0) throw std::invalid_argument(where + " names \"" + left + "\", not in the vocab");
+    if (left_id < 0)
+      throw std::invalid_argument(where + " names \"" + left + "\", not in the vocab");
     if (right_id < 0) {
       throw std::invalid_argument(where + " names \"" + right + "\", not in the vocab");
     }
@@ -121,7 +122,8 @@ void BpeModel::push_symbol(std::vector<Symbol>& symbols, int32_t id) const {
 void BpeModel::push_unknown(std::vector<Symbol>& symbols, std::string_view bytes) const {
   if (options_.byte_fallback) {
     bool all_known = true;
-    for (const char byte : bytes) all_known &= byte_fallback_ids_[static_cast<unsigned char>(byte)] >= 0;
+    for (const char byte : bytes)
+      all_known &= byte_fallback_ids_[static_cast<unsigned char>(byte)] >= 0;
     if (all_known) {
       for (const char byte : bytes) {
         push_symbol(symbols, byte_fallback_ids_[static_cast<unsigned char>(byte)]);

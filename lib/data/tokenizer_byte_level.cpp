@@ -16,8 +16,8 @@ std::array<std::string, 256> build_alphabet() {
   std::array<std::string, 256> alphabet;
   char32_t next_shifted = 0x100;
   for (int byte = 0; byte < 256; ++byte) {
-    const char32_t code_point = stands_for_itself(byte) ? static_cast<char32_t>(byte)
-                                                        : next_shifted++;
+    const char32_t code_point =
+        stands_for_itself(byte) ? static_cast<char32_t>(byte) : next_shifted++;
     append_utf8(alphabet[byte], code_point);
   }
   return alphabet;

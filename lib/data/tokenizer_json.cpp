@@ -26,7 +26,7 @@ using nlohmann::json;
 
 json read_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open the file (check tokenizer.path)");
+  if (!in) fail(path, "cannot open the file (check the tokenizer path in the config)");
   std::stringstream text;
   text << in.rdbuf();
   try {
@@ -62,8 +62,10 @@ void check_normalizer(const std::string& path, const json& normalizer) {
   if (type == "NFC") {
     static std::once_flag warned;
     std::call_once(warned, [&] {
-      spdlog::warn("{}: tokenizer normalizer NFC is not applied; input text is assumed to be NFC "
-                   "already (true of almost all web text)", path);
+      spdlog::warn(
+          "{}: tokenizer normalizer NFC is not applied; input text is assumed to be NFC "
+          "already (true of almost all web text)",
+          path);
     });
     return;
   }
@@ -76,7 +78,8 @@ void check_normalizer(const std::string& path, const json& normalizer) {
 void add_pre_tokenizer(const std::string& path, const json& component, PreTokenizer& pre_tokenizer,
                        bool& byte_level_seen) {
   const std::string type = type_of(component);
-  if (byte_level_seen) fail(path, "pre-tokenizer \"" + type + "\" after ByteLevel is not supported");
+  if (byte_level_seen)
+    fail(path, "pre-tokenizer \"" + type + "\" after ByteLevel is not supported");
   const auto add_regex = [&](const std::string& pattern) {
     try {
       pre_tokenizer.add_split(std::make_shared<const RegexSplitter>(pattern));
@@ -90,7 +93,8 @@ void add_pre_tokenizer(const std::string& path, const json& component, PreTokeni
     }
   } else if (type == "ByteLevel") {
     byte_level_seen = true;
-    if (flag(component, "add_prefix_space", false)) pre_tokenizer.add_prefix_space_before_next_split();
+    if (flag(component, "add_prefix_space", false))
+      pre_tokenizer.add_prefix_space_before_next_split();
     if (flag(component, "use_regex", true)) add_regex(kGpt2SplitPattern);
   } else if (type == "Split") {
     const std::string behavior = component.value("behavior", "");
@@ -98,7 +102,8 @@ void add_pre_tokenizer(const std::string& path, const json& component, PreTokeni
       fail(path, "pre-tokenizer Split with behavior \"" + behavior +
                      "\" is not supported (supported: Isolated)");
     }
-    if (flag(component, "invert", false)) fail(path, "pre-tokenizer Split with invert is not supported");
+    if (flag(component, "invert", false))
+      fail(path, "pre-tokenizer Split with invert is not supported");
     const json& pattern = component.at("pattern");
     if (pattern.contains("Regex")) {
       add_regex(pattern["Regex"].get<std::string>());
@@ -156,8 +161,8 @@ std::unordered_map<std::string, int32_t> parse_vocab(const std::string& path, co
   for (const auto& [token, id_json] : model["vocab"].items()) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
         id_json.get<int64_t>() >= (int64_t{1} << 30)) {
-      fail(path, "model.vocab[\"" + token + "\"] is " + id_json.dump() +
-                     ", expected an id in [0, 2^30)");
+      fail(path,
+           "model.vocab[\"" + token + "\"] is " + id_json.dump() + ", expected an id in [0, 2^30)");
     }
     const auto id = id_json.get<int32_t>();
     const auto [it, fresh] = owner.emplace(id, token);
@@ -185,7 +190,8 @@ BpeOptions parse_options(const std::string& path, const json& model,
   }
   if (model.contains("dropout") && !model["dropout"].is_null() &&
       model["dropout"].get<double>() != 0.0) {
-    fail(path, "model.dropout is not supported (tokenisation here is deterministic); set it to null");
+    fail(path,
+         "model.dropout is not supported (tokenisation here is deterministic); set it to null");
   }
   require_unset_string(path, model, "continuing_subword_prefix");
   require_unset_string(path, model, "end_of_word_suffix");
@@ -228,7 +234,8 @@ std::vector<AddedToken> parse_added_tokens(const std::string& path, const json& 
     token.lstrip = flag(entry, "lstrip", false);
     token.rstrip = flag(entry, "rstrip", false);
     if (token.content.empty() || token.id < 0 || token.id >= (1 << 30)) {
-      fail(path, "added_tokens entry " + entry.dump() + " needs a non-empty content and an id in [0, 2^30)");
+      fail(path, "added_tokens entry " + entry.dump() +
+                     " needs a non-empty content and an id in [0, 2^30)");
     }
     if (flag(entry, "single_word", false)) {
       fail(path, "added token \"" + token.content + "\" uses single_word, which is not supported");
@@ -272,7 +279,8 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
     const auto added_tokens = parse_added_tokens(path, root);
 
     Tokenizer tokenizer;
-    for (const auto& [token, id] : vocab) tokenizer.set_token_bytes(id, token_bytes(token, options));
+    for (const auto& [token, id] : vocab)
+      tokenizer.set_token_bytes(id, token_bytes(token, options));
     try {
       tokenizer.model_ = std::make_shared<const BpeModel>(std::move(vocab), merges, options);
     } catch (const std::invalid_argument& error) {
@@ -286,7 +294,8 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
       const auto in_vocab = tokenizer.model_->vocab().find(token.content);
       const bool id_taken = static_cast<std::size_t>(token.id) < tokenizer.id_to_bytes_.size() &&
                             !tokenizer.id_to_bytes_[token.id].empty();
-      const bool same_entry = in_vocab != tokenizer.model_->vocab().end() && in_vocab->second == token.id;
+      const bool same_entry =
+          in_vocab != tokenizer.model_->vocab().end() && in_vocab->second == token.id;
       if (id_taken && !same_entry) {
         fail(path, "added token \"" + token.content + "\" has id " + std::to_string(token.id) +
                        ", which the vocab already gives to another token");

@@ -61,8 +61,8 @@ RegexSplitter::RegexSplitter(const std::string& pattern) : pattern_(pattern) {
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
-    throw std::invalid_argument("regex does not compile at offset " +
-                                std::to_string(error_offset) + ": " + pcre2_message(error_code));
+    throw std::invalid_argument("regex does not compile at offset " + std::to_string(error_offset) +
+                                ": " + pcre2_message(error_code));
   }
   code_ = code;
   jit_compiled_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
@@ -77,12 +77,10 @@ void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& 
   std::size_t gap_begin = 0;
   std::size_t search_from = 0;
   while (search_from <= text.size()) {
-    const int rc =
-        jit_compiled_
-            ? pcre2_jit_match(code, subject, text.size(), search_from, 0, state.match_data(),
-                              state.context())
-            : pcre2_match(code, subject, text.size(), search_from, 0, state.match_data(),
-                          state.context());
+    const int rc = jit_compiled_ ? pcre2_jit_match(code, subject, text.size(), search_from, 0,
+                                                   state.match_data(), state.context())
+                                 : pcre2_match(code, subject, text.size(), search_from, 0,
+                                               state.match_data(), state.context());
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       throw DataError("tokenizer pre-tokenizer regex failed on the input text: " +

@@ -34,8 +34,8 @@ std::size_t matching_continuations(std::string_view text, std::size_t pos, const
   std::size_t matched = 0;
   for (std::size_t i = 1; i < lead.length && pos + i < text.size(); ++i) {
     const auto byte = static_cast<unsigned char>(text[pos + i]);
-    const bool ok = i == 1 ? in_range(byte, lead.second_low, lead.second_high)
-                           : in_range(byte, 0x80, 0xBF);
+    const bool ok =
+        i == 1 ? in_range(byte, lead.second_low, lead.second_high) : in_range(byte, 0x80, 0xBF);
     if (!ok) break;
     ++matched;
   }

@@ -140,9 +140,8 @@ TEST_CASE("<image> markers place each image where it appears, numbered when seve
 TEST_CASE("without markers, all images go before the first user turn's text") {
   const Tokenizer tokenizer = chat_tokenizer();
   const ChatTemplate chat(tokenizer, 1);
-  const std::vector<ChatTurn> turns = {{ChatRole::kAssistant, "hello"},
-                                       {ChatRole::kUser, "look"},
-                                       {ChatRole::kAssistant, "ok"}};
+  const std::vector<ChatTurn> turns = {
+      {ChatRole::kAssistant, "hello"}, {ChatRole::kUser, "look"}, {ChatRole::kAssistant, "ok"}};
   const TokenizedSample sample = chat.apply(turns, {ImageGrid{1, 1}, ImageGrid{1, 1}});
   CHECK(tokenizer.decode(sample.ids) ==
         "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>user\n<image: 0><|global_image|>"

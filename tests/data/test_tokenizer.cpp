@@ -69,7 +69,8 @@ TEST_CASE("decode(encode(x)) == x for mixed text") {
   const Tokenizer bpe = load_tokenizer(dir, priority_tokenizer_json());
   const Tokenizer bytes = Tokenizer::builtin_bytes();
   const std::string text =
-      "Hello, world! \xC3\x87" "a va? \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E "
+      "Hello, world! \xC3\x87"
+      "a va? \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E "
       "\xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \t\n\n  x 12345 it's   hello\r\n";
   CHECK(bpe.decode(bpe.encode(text)) == text);
   CHECK(bytes.decode(bytes.encode(text)) == text);
@@ -127,7 +128,9 @@ TEST_CASE("unknown characters become unk, fused when fuse_unk") {
   json["pre_tokenizer"] = nullptr;
   json["model"]["vocab"] = {{"<unk>", 0}, {"a", 1}, {"b", 2}};
   json["model"]["unk_token"] = "<unk>";
-  const std::string text = "a\xF0\x9F\x98\x80\xF0\x9F\x98\x80" "b";
+  const std::string text =
+      "a\xF0\x9F\x98\x80\xF0\x9F\x98\x80"
+      "b";
   CHECK(load_tokenizer(dir, json, "unfused.json").encode(text) == Ids{1, 0, 0, 2});
   json["model"]["fuse_unk"] = true;
   CHECK(load_tokenizer(dir, json, "fused.json").encode(text) == Ids{1, 0, 2});
@@ -168,7 +171,9 @@ TEST_CASE("Split pre-tokenizer with Llama 3's pattern isolates its matches") {
   json["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
-       {{{"type", "Split"}, {"pattern", {{"Regex", llama3_pattern}}}, {"behavior", "Isolated"},
+       {{{"type", "Split"},
+         {"pattern", {{"Regex", llama3_pattern}}},
+         {"behavior", "Isolated"},
          {"invert", false}},
         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   const Tokenizer tokenizer = load_tokenizer(dir, json);
@@ -212,7 +217,9 @@ TEST_CASE("Digits pre-tokenizer: individual digits or digit runs") {
 
 TEST_CASE("ByteLevel add_prefix_space adds a space before each piece") {
   TempDir dir;
-  auto json = byte_level_tokenizer_json({"\xC4\xA0" "a"}, {"\xC4\xA0 a"});
+  auto json = byte_level_tokenizer_json({"\xC4\xA0"
+                                         "a"},
+                                        {"\xC4\xA0 a"});
   json["pre_tokenizer"]["add_prefix_space"] = true;
   CHECK(load_tokenizer(dir, json).encode("a a") == Ids{256, 256});
 }

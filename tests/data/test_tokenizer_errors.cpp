@@ -114,16 +114,15 @@ TEST_CASE("unsupported normalizer, pre-tokenizer and decoder components") {
   json["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
   CHECK_THAT(load_error(dir, json), Contains("unsupported pre-tokenizer \"Metaspace\""));
   json = valid_json();
-  json["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\s"}}},
-                           {"behavior", "Removed"}};
+  json["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "\\s"}}}, {"behavior", "Removed"}};
   CHECK_THAT(load_error(dir, json), Contains("behavior \"Removed\" is not supported"));
-  json["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(a"}}},
-                           {"behavior", "Isolated"}};
+  json["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(a"}}}, {"behavior", "Isolated"}};
   CHECK_THAT(load_error(dir, json), Contains("does not compile"));
   json = valid_json();
-  json["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers", {{{"type", "ByteLevel"}}, {{"type", "Digits"}}}}};
+  json["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers", {{{"type", "ByteLevel"}}, {{"type", "Digits"}}}}};
   CHECK_THAT(load_error(dir, json), Contains("\"Digits\" after ByteLevel"));
   json = valid_json();
   json["decoder"] = {{"type", "WordPiece"}};

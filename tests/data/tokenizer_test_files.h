@@ -25,11 +25,15 @@ inline nlohmann::json byte_level_tokenizer_json(const std::vector<std::string>& 
   json["version"] = "1.0";
   json["added_tokens"] = nlohmann::json::array();
   json["normalizer"] = nullptr;
-  json["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                           {"trim_offsets", true}, {"use_regex", true}};
+  json["pre_tokenizer"] = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", true},
+                           {"use_regex", true}};
   json["post_processor"] = nullptr;
-  json["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true},
-                     {"trim_offsets", true}, {"use_regex", true}};
+  json["decoder"] = {{"type", "ByteLevel"},
+                     {"add_prefix_space", true},
+                     {"trim_offsets", true},
+                     {"use_regex", true}};
   json["model"] = {{"type", "BPE"},
                    {"dropout", nullptr},
                    {"unk_token", nullptr},
@@ -43,8 +47,8 @@ inline nlohmann::json byte_level_tokenizer_json(const std::vector<std::string>& 
 }
 
 inline nlohmann::json added_token(const std::string& content, int id, bool special = true) {
-  return {{"id", id},           {"content", content}, {"single_word", false}, {"lstrip", false},
-          {"rstrip", false},    {"normalized", false}, {"special", special}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
 // Writes `json` to dir/name and loads it.

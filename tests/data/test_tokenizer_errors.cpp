@@ -1,0 +1,144 @@
+// Every malformed or unsupported tokenizer.json gives a vlm::DataError naming the file and
+// what is wrong.
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "tokenizer_test_files.h"
+
+using vlm::data::Tokenizer;
+using vlm::test::added_token;
+using vlm::test::byte_level_tokenizer_json;
+using vlm::test::TempDir;
+using vlm::test::write_file;
+
+namespace {
+
+// Loads `text` as dir/tokenizer.json; returns the DataError's message ("" if none was thrown).
+std::string load_error(const TempDir& dir, const std::string& text) {
+  const std::string path = write_file(dir / "tokenizer.json", text);
+  try {
+    Tokenizer::from_file(path);
+  } catch (const vlm::DataError& error) {
+    CHECK(error.where().file == path);
+    CHECK(error.code() == vlm::ExitCode::kData);
+    return error.what();
+  }
+  return "";
+}
+
+std::string load_error(const TempDir& dir, const nlohmann::json& json) {
+  return load_error(dir, json.dump());
+}
+
+nlohmann::json valid_json() { return byte_level_tokenizer_json({"ab"}, {"a b"}); }
+
+}  // namespace
+
+using Catch::Matchers::Contains;
+
+TEST_CASE("the valid base file loads (the error cases below differ from it in one place)") {
+  TempDir dir;
+  CHECK(load_error(dir, valid_json()).empty());
+}
+
+TEST_CASE("a missing file is a DataError naming it") {
+  TempDir dir;
+  const std::string path = (dir / "absent.json").string();
+  CHECK_THROWS_WITH(Tokenizer::from_file(path), Contains(path) && Contains("cannot open"));
+}
+
+TEST_CASE("file structure errors") {
+  TempDir dir;
+  CHECK_THAT(load_error(dir, std::string("{\"model\": ")), Contains("not valid JSON"));
+  CHECK_THAT(load_error(dir, std::string("[1, 2]")), Contains("top level must be a JSON object"));
+  auto json = valid_json();
+  json.erase("model");
+  CHECK_THAT(load_error(dir, json), Contains("no \"model\""));
+  json = valid_json();
+  json["model"]["type"] = "WordPiece";
+  CHECK_THAT(load_error(dir, json), Contains("model type \"WordPiece\" is not supported"));
+  json = valid_json();
+  json["model"].erase("vocab");
+  CHECK_THAT(load_error(dir, json), Contains("model.vocab is missing"));
+  json = valid_json();
+  json["model"]["vocab"]["x"] = "seven";
+  CHECK_THAT(load_error(dir, json), Contains("model.vocab[\"x\"]"));
+  json = valid_json();
+  json["model"]["vocab"]["x"] = 3;  // id 3 is byte 3's
+  CHECK_THAT(load_error(dir, json), Contains("gives id 3 to both"));
+  json = valid_json();
+  json["added_tokens"] = {{{"content", "<x>"}}};  // no id
+  CHECK_THAT(load_error(dir, json), Contains("unexpected structure"));
+}
+
+TEST_CASE("merge errors") {
+  TempDir dir;
+  auto json = valid_json();
+  json["model"]["merges"] = {"a b", "q z"};
+  json["model"]["vocab"].erase("q");
+  CHECK_THAT(load_error(dir, json), Contains("merge #1") && Contains("\"q\", not in the vocab"));
+  json = valid_json();
+  json["model"]["merges"] = {"a c"};
+  CHECK_THAT(load_error(dir, json), Contains("makes \"ac\", not in the vocab"));
+  json = valid_json();
+  json["model"]["merges"] = {"ab"};
+  CHECK_THAT(load_error(dir, json), Contains("model.merges[0]"));
+  json["model"]["merges"] = {"a b c"};
+  CHECK_THAT(load_error(dir, json), Contains("model.merges[0]"));
+  json["model"]["merges"] = {{1, 2}};
+  CHECK_THAT(load_error(dir, json), Contains("model.merges[0]"));
+  json["model"]["merges"] = "a b";
+  CHECK_THAT(load_error(dir, json), Contains("model.merges must be an array"));
+}
+
+TEST_CASE("unsupported model options") {
+  TempDir dir;
+  auto json = valid_json();
+  json["model"]["dropout"] = 0.1;
+  CHECK_THAT(load_error(dir, json), Contains("model.dropout"));
+  json = valid_json();
+  json["model"]["continuing_subword_prefix"] = "##";
+  CHECK_THAT(load_error(dir, json), Contains("continuing_subword_prefix"));
+  json = valid_json();
+  json["model"]["unk_token"] = "<unk>";
+  CHECK_THAT(load_error(dir, json), Contains("unk_token \"<unk>\" is not in the vocab"));
+}
+
+TEST_CASE("unsupported normalizer, pre-tokenizer and decoder components") {
+  TempDir dir;
+  auto json = valid_json();
+  json["normalizer"] = {{"type", "NFKC"}};
+  CHECK_THAT(load_error(dir, json), Contains("unsupported normalizer \"NFKC\""));
+  json = valid_json();
+  json["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
+  CHECK_THAT(load_error(dir, json), Contains("unsupported pre-tokenizer \"Metaspace\""));
+  json = valid_json();
+  json["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "\\s"}}}, {"behavior", "Removed"}};
+  CHECK_THAT(load_error(dir, json), Contains("behavior \"Removed\" is not supported"));
+  json["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(a"}}}, {"behavior", "Isolated"}};
+  CHECK_THAT(load_error(dir, json), Contains("does not compile"));
+  json = valid_json();
+  json["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers", {{{"type", "ByteLevel"}}, {{"type", "Digits"}}}}};
+  CHECK_THAT(load_error(dir, json), Contains("\"Digits\" after ByteLevel"));
+  json = valid_json();
+  json["decoder"] = {{"type", "WordPiece"}};
+  CHECK_THAT(load_error(dir, json), Contains("unsupported decoder \"WordPiece\""));
+}
+
+TEST_CASE("added token errors") {
+  TempDir dir;
+  auto json = valid_json();
+  json["added_tokens"] = {added_token("<x>", 5)};  // id 5 is byte 5's
+  CHECK_THAT(load_error(dir, json), Contains("\"<x>\" has id 5"));
+  json["added_tokens"] = {added_token("<x>", 300), added_token("<x>", 301)};
+  CHECK_THAT(load_error(dir, json), Contains("listed twice"));
+  json["added_tokens"] = {added_token("", 300)};
+  CHECK_THAT(load_error(dir, json), Contains("non-empty content"));
+  json["added_tokens"] = {added_token("<x>", 300)};
+  json["added_tokens"][0]["single_word"] = true;
+  CHECK_THAT(load_error(dir, json), Contains("single_word"));
+}

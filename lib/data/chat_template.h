@@ -22,20 +22,11 @@
 #include <string_view>
 #include <vector>
 
+#include "data/conversation.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_image_tokens.h"
 
 namespace vlm::data {
-
-enum class ChatRole { kUser, kAssistant };
-
-// "user" / "assistant" -> the role; nullopt for anything else.
-std::optional<ChatRole> parse_chat_role(std::string_view name);
-
-struct ChatTurn {
-  ChatRole role = ChatRole::kUser;
-  std::string text;
-};
 
 // How an image is split: a rows x cols grid of tiles, plus a global crop iff rows*cols > 1.
 struct ImageGrid {

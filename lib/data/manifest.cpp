@@ -40,8 +40,8 @@ ParsedLine parse_cauldron(const json& j, const std::string& dir, RawSample sampl
         !exchange.contains("assistant") || !exchange["assistant"].is_string()) {
       return problem("bad_schema", "each \"texts\" entry needs string \"user\" and \"assistant\"");
     }
-    sample.turns.push_back({Role::kUser, exchange["user"].get<std::string>()});
-    sample.turns.push_back({Role::kAssistant, exchange["assistant"].get<std::string>()});
+    sample.turns.push_back({ChatRole::kUser, exchange["user"].get<std::string>()});
+    sample.turns.push_back({ChatRole::kAssistant, exchange["assistant"].get<std::string>()});
   }
   return sample;
 }
@@ -71,11 +71,11 @@ ParsedLine parse_llava(const json& j, const std::string& dir, RawSample sample) 
       return problem("bad_schema", "each conversation entry needs string \"from\" and \"value\"");
     }
     const std::string from = message["from"].get<std::string>();
-    Role role;
+    ChatRole role;
     if (from == "human" || from == "user") {
-      role = Role::kUser;
+      role = ChatRole::kUser;
     } else if (from == "gpt" || from == "assistant") {
-      role = Role::kAssistant;
+      role = ChatRole::kAssistant;
     } else {
       return problem("unsupported_role", "conversation role \"" + from +
                                              "\" (supported: human/user, gpt/assistant)");
@@ -113,11 +113,11 @@ ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
   ParsedLine parsed = format == ManifestFormat::kCauldron ? parse_cauldron(j, manifest_dir, sample)
                                                           : parse_llava(j, manifest_dir, sample);
   if (auto* s = std::get_if<RawSample>(&parsed)) {
-    if (s->turns.front().role != Role::kUser) {
+    if (s->turns.front().role != ChatRole::kUser) {
       return problem("bad_schema", "the conversation must start with a user turn");
     }
     bool any_assistant = false;
-    for (const auto& t : s->turns) any_assistant |= t.role == Role::kAssistant && !t.text.empty();
+    for (const auto& t : s->turns) any_assistant |= t.role == ChatRole::kAssistant && !t.text.empty();
     if (!any_assistant) return problem("no_assistant_turn", "no non-empty assistant turn to learn from");
   }
   return parsed;

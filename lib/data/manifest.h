@@ -16,19 +16,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "data/conversation.h"
 
 namespace vlm::data {
 
-enum class Role { kUser, kAssistant };
-
-struct Turn {
-  Role role = Role::kUser;
-  std::string text;
-};
-
 struct RawSample {
   std::vector<std::string> images;  // paths resolved against the manifest's folder
-  std::vector<Turn> turns;          // starts with a user turn, contains an assistant turn
+  std::vector<ChatTurn> turns;          // starts with a user turn, contains an assistant turn
   SourceLocation where;             // manifest:line
 };
 

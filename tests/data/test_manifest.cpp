@@ -25,7 +25,7 @@ TEST_CASE("the_cauldron and LLaVA lines parse; image paths resolve against the m
   const auto first = std::get<RawSample>(m.read(0));
   CHECK(first.images == std::vector<std::string>{(dir / "sub/img/a.png").string(), "/abs/b.jpg"});
   REQUIRE(first.turns.size() == 4);
-  CHECK(first.turns[3].role == Role::kAssistant);
+  CHECK(first.turns[3].role == ChatRole::kAssistant);
   CHECK(first.turns[3].text == "A2");
   CHECK(first.where.str() == path + ":1");
   const auto second = std::get<RawSample>(m.read(1));

@@ -1,10 +1,13 @@
 // Cross-field checks of a loaded config: what a single field's range cannot express.
 #include <algorithm>
+#include <cctype>
 
 #include "core/config_io.h"
 #include "core/gpu_catalog.h"
 #include "core/strings.h"
 #include "core/units.h"
+#include "spec/derived.h"
+#include "spec/image_tokens.h"
 
 namespace vlm {
 namespace {
@@ -25,36 +28,26 @@ class Checker {
   LoadedConfig& loaded_;
 };
 
-void check_model(const Config& c, Checker& check) {
-  const auto& v = c.model.dims.vision;
-  const auto& p = c.model.dims.projector;
-  const auto& l = c.model.dims.language;
-  check.require(v.image_size % v.patch_size == 0, "model.vision.patch_size",
-                "model.vision.patch_size = " + std::to_string(v.patch_size) +
-                    " must divide model.vision.image_size = " + std::to_string(v.image_size));
-  const int64_t grid = v.image_size / v.patch_size;
-  check.require(grid % p.pixel_shuffle == 0, "model.projector.pixel_shuffle",
-                "model.projector.pixel_shuffle = " + std::to_string(p.pixel_shuffle) +
-                    " must divide the patch grid side " + std::to_string(grid) +
-                    " (image_size / patch_size)");
-  check.require(v.hidden_size % v.num_heads == 0, "model.vision.num_heads",
-                "model.vision.num_heads = " + std::to_string(v.num_heads) +
-                    " must divide model.vision.hidden_size = " + std::to_string(v.hidden_size));
-  check.require(l.hidden_size % l.num_heads == 0, "model.language.num_heads",
-                "model.language.num_heads = " + std::to_string(l.num_heads) +
-                    " must divide model.language.hidden_size = " + std::to_string(l.hidden_size));
-  check.require(l.num_heads % l.num_kv_heads == 0, "model.language.num_kv_heads",
-                "model.language.num_kv_heads = " + std::to_string(l.num_kv_heads) +
-                    " must divide model.language.num_heads = " + std::to_string(l.num_heads));
-  check.require((l.hidden_size / l.num_heads) % 2 == 0, "model.language.num_heads",
-                "the language head size hidden_size / num_heads = " +
-                    std::to_string(l.hidden_size / l.num_heads) + " must be even for RoPE");
-}
-
-// Image tokens of one crop: (image_size / patch)^2 / pixel_shuffle^2.
-int64_t tokens_per_crop(const Config& c) {
-  const int64_t grid = c.model.dims.vision.image_size / c.model.dims.vision.patch_size;
-  return grid * grid / (c.model.dims.projector.pixel_shuffle * c.model.dims.projector.pixel_shuffle);
+// The model's structural problems come from spec; each is reported where the user set the
+// last key it names (the divisor of "a is not a multiple of b", typically), else the first.
+void check_model(const LoadedConfig& loaded, Checker& check) {
+  for (const std::string& problem : spec::spec_problems(loaded.config.model.dims)) {
+    std::vector<std::string> keys;
+    for (size_t at = problem.find("model."); at != std::string::npos;
+         at = problem.find("model.", at + 1)) {
+      size_t end = at;
+      while (end < problem.size() && (std::isalnum(static_cast<unsigned char>(problem[end])) ||
+                                      problem[end] == '_' || problem[end] == '.')) {
+        ++end;
+      }
+      keys.push_back(problem.substr(at, end - at));
+    }
+    std::string key = keys.empty() ? "model.preset" : keys.front();
+    for (const auto& k : keys) {
+      if (loaded.locations.count(k)) key = k;
+    }
+    check.require(false, key, problem);
+  }
 }
 
 void check_images_and_packing(const Config& c, Checker& check) {
@@ -91,19 +84,14 @@ void check_images_and_packing(const Config& c, Checker& check) {
   }
 
   // The cheapest image a sample can carry: with resize_to_max every image's long side becomes
-  // max_img_size, so the smallest grid is a 1 x (max_img_size / crop) strip plus the global
-  // crop, plus one marker token per tile and one for the global image (nanoVLM's layout).
-  const int64_t per_crop = tokens_per_crop(c);
-  int64_t cheapest = per_crop;
-  std::string how = "1 crop";
-  if (c.data.resize_to_max) {
-    const int64_t tiles = c.data.max_img_size / crop;
-    if (tiles > 1) {
-      cheapest = (tiles + 1) * per_crop + tiles + 1;
-      how = "1x" + std::to_string(tiles) + " crops + global at max_img_size " +
-            std::to_string(c.data.max_img_size);
-    }
-  }
+  // max_img_size, so the smallest grid is a 1 x (max_img_size / crop) strip (plus its global
+  // crop); otherwise a single crop.
+  const int64_t per_crop = spec::image_tokens_per_crop(c.model.dims);
+  const int64_t strip = c.data.resize_to_max ? c.data.max_img_size / crop : 1;
+  const int64_t cheapest = spec::image_lm_tokens(1, strip, per_crop);
+  const std::string how = strip > 1 ? "1x" + std::to_string(strip) + " crops + global at max_img_size " +
+                                          std::to_string(c.data.max_img_size)
+                                    : "1 crop";
   const int64_t reachable = c.packing.max_seq_len / cheapest;
   const int64_t wanted = c.packing.max_images_per_knapsack;
   if (wanted > reachable) {
@@ -144,7 +132,7 @@ void check_train(const Config& c, Checker& check) {
 void validate_config(LoadedConfig& loaded) {
   Checker check(loaded);
   const Config& c = loaded.config;
-  check_model(c, check);
+  check_model(loaded, check);
   check_images_and_packing(c, check);
   check_memory(c, check);
   check_train(c, check);

@@ -1,0 +1,56 @@
+// Length stream reader: values, blank lines, and errors with file:line.
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "data/length_stream.h"
+#include "support/test_support.h"
+
+using namespace vlm::data;
+
+namespace {
+std::string error_of(const std::string& path) {
+  try {
+    read_length_stream(path);
+  } catch (const vlm::DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("length stream: reads samples in order, skipping blank lines") {
+  vlm::test::TempDir dir;
+  const auto path = vlm::test::write_file(
+      dir / "s.jsonl",
+      "{\"tokens\": 977, \"images\": 1, \"crops\": 13, \"supervised\": 52}\n\n"
+      "{\"supervised\": 0, \"crops\": 0, \"images\": 0, \"tokens\": 26, \"note\": \"x\"}\n");
+  const auto items = read_length_stream(path);
+  REQUIRE(items.size() == 2);
+  REQUIRE(items[0] == PackItem{0, 977, 1, 13, 52});
+  REQUIRE(items[1] == PackItem{1, 26, 0, 0, 0});
+}
+
+TEST_CASE("length stream: malformed lines name file:line and the problem") {
+  vlm::test::TempDir dir;
+  const std::string good = "{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 1}\n";
+  auto check = [&](const std::string& bad_line, const std::string& what) {
+    const auto path = vlm::test::write_file(dir / "bad.jsonl", good + "\n" + bad_line + "\n");
+    const std::string message = error_of(path);
+    INFO(message);
+    REQUIRE(message.find(path + ":3") != std::string::npos);
+    REQUIRE(message.find(what) != std::string::npos);
+  };
+  check("{\"tokens\": 5, \"images\": 0,", "bad JSON");
+  check("{\"images\": 0, \"crops\": 0, \"supervised\": 1}", "missing field \"tokens\"");
+  check("{\"tokens\": -5, \"images\": 0, \"crops\": 0, \"supervised\": 0}", "must be >= 0");
+  check("{\"tokens\": 5.5, \"images\": 0, \"crops\": 0, \"supervised\": 0}", "must be an integer");
+  check("{\"tokens\": \"5\", \"images\": 0, \"crops\": 0, \"supervised\": 0}",
+        "must be an integer");
+  check("[5, 0, 0, 0]", "expected a JSON object");
+  check("{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 9}", "exceeds tokens");
+}
+
+TEST_CASE("length stream: a missing file is a DataError naming it") {
+  const std::string message = error_of("/nonexistent/stream.jsonl");
+  REQUIRE(message.find("/nonexistent/stream.jsonl") != std::string::npos);
+}

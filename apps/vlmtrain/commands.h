@@ -27,6 +27,9 @@ struct Command {
 };
 
 Command add_config_command(CLI::App& root, const GlobalOptions& global);
+Command add_make_demo_data_command(CLI::App& root, const GlobalOptions& global);
+Command add_inspect_batches_command(CLI::App& root, const GlobalOptions& global);
+Command add_tokenize_command(CLI::App& root, const GlobalOptions& global);
 
 // Loads --config with the --set overrides (defaults only when no --config and
 // `config_required` is false), sets up logging from it, and logs its warnings.

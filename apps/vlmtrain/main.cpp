@@ -65,6 +65,9 @@ int main(int argc, char** argv) {
 
   std::vector<Command> commands{
       add_config_command(app, global),
+      add_make_demo_data_command(app, global),
+      add_inspect_batches_command(app, global),
+      add_tokenize_command(app, global),
   };
   for (auto& c : commands) c.app->fallthrough();
 

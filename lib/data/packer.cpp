@@ -198,6 +198,18 @@ int64_t Packer::samples_inside() const {
   return n;
 }
 
+std::vector<uint64_t> Packer::sample_ids() const {
+  std::vector<uint64_t> ids;
+  for (const PackItem& item : pool_.items_oldest_first()) ids.push_back(item.sample_id);
+  auto add = [&ids](const Pack& p) {
+    for (const PackItem& item : p.items) ids.push_back(item.sample_id);
+  };
+  for (const CarriedPack& c : carried_) add(c.pack);
+  for (const Pack& p : window_) add(p);
+  for (const Pack& p : ready_) add(p);
+  return ids;
+}
+
 nlohmann::json Packer::save_state() const {
   std::ostringstream rng_text;
   rng_text << rng_;

@@ -77,6 +77,8 @@ class Packer {
   const PackerOptions& options() const { return options_; }
   // Samples inside the packer (pool, carried packs, window, ready packs).
   int64_t samples_inside() const;
+  // Their sample ids (pool, carried packs, window, ready packs).
+  std::vector<uint64_t> sample_ids() const;
 
  private:
   struct CarriedPack {

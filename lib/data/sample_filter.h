@@ -67,6 +67,11 @@ class SampleFilter {
   const DropCounts& drops() const { return drops_; }
   int64_t kept() const { return kept_; }
   const SampleLimits& limits() const { return limits_; }
+  // Continue counting from a saved position (a resumed data cursor).
+  void restore(const DropCounts& drops, int64_t kept) {
+    drops_ = drops;
+    kept_ = kept;
+  }
 
  private:
   SampleLimits limits_;

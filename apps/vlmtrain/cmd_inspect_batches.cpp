@@ -1,0 +1,104 @@
+// vlmtrain inspect-batches: run the data pipeline alone and report what batches contain.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "commands.h"
+#include "core/logging.h"
+#include "data/batch_report.h"
+#include "data/data_setup.h"
+#include "data/loader.h"
+#include "spec/derived.h"
+
+namespace vlm::app {
+namespace {
+
+struct InspectArgs {
+  int64_t steps = 20;
+  int64_t ranks = 1;
+  bool json = false;
+  bool list = false;
+  bool no_decode = false;
+  std::string lengths;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
+  const LoadedConfig loaded = load_config_and_logging(global, true);
+  log_start_banner(global, loaded);
+  const Config& config = loaded.config;
+  data::DataSetup setup(config, args.ranks);
+  std::unique_ptr<data::PlanningPipeline> pipeline =
+      args.lengths.empty() ? setup.training_pipeline() : setup.length_pipeline(args.lengths);
+
+  data::BatchReport report({config.packing.max_seq_len,
+                            spec::patches_per_crop(config.model.dims.vision), args.ranks,
+                            data::worst_case(setup.worst_case_inputs())});
+  // Steps are planned for every rank; rank 0's micro-batches are also decoded and collated,
+  // which is the loader's real work (skipped for length streams and with --no-decode).
+  data::LoaderOptions loader_options = setup.loader_options(0);
+  loader_options.collate.decode_images = !args.no_decode && args.lengths.empty();
+  const int64_t max_steps = args.lengths.empty() ? args.steps : 0;  // a length stream: all of it
+  int64_t decoded_images = 0, decoded_samples = 0, undecodable = 0;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    data::Loader loader(*pipeline, loader_options);
+    for (int64_t step = 0; max_steps == 0 || step < max_steps; ++step) {
+      std::optional<data::LoadedStep> loaded_step = loader.next();
+      if (!loaded_step) break;
+      report.add_step(loaded_step->step, loaded_step->plan);
+      for (const auto& batch : loaded_step->batches) {
+        decoded_images += batch.images;
+        decoded_samples += batch.samples;
+        undecodable += batch.undecodable_images;
+      }
+    }
+    const double seconds = seconds_since(start);
+    nlohmann::json extra = {
+        {"config", loaded.source},
+        {"source", args.lengths.empty() ? "datasets" : args.lengths},
+        {"drops", pipeline->drops().to_json()},
+        {"skipped", setup.skips().to_json()},
+        {"throughput",
+         {{"seconds", seconds},
+          {"packs_per_s", report.packs() / seconds},
+          {"rank0_samples_per_s", decoded_samples / seconds},
+          {"rank0_images_per_s", decoded_images / seconds},
+          {"images_decoded", loader_options.collate.decode_images},
+          {"undecodable_images", undecodable},
+          {"peak_host_bytes", loader.peak_host_bytes()}}},
+    };
+    if (args.json || !stdout_is_terminal()) {
+      std::cout << report.to_json(args.list, extra).dump(2) << "\n";
+    } else {
+      std::cout << report.to_text(extra, true);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_inspect_batches_command(CLI::App& root, const GlobalOptions& global) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "inspect-batches",
+      "Run the data pipeline without a model and report what the batches contain");
+  cmd->add_option("--steps", args->steps, "Optimizer steps to plan (datasets)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--ranks", args->ranks, "Ranks to plan for (as in a multi-GPU run)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--lengths", args->lengths,
+                  "Pack a benchmark length stream (JSONL of {tokens, images, crops, "
+                  "supervised}) instead of the configured datasets; the whole stream is used");
+  cmd->add_flag("--json", args->json, "JSON output (the default when stdout is not a terminal)");
+  cmd->add_flag("--list", args->list, "With JSON: include every micro-batch");
+  cmd->add_flag("--no-decode", args->no_decode, "Plan only: do not decode images");
+  return {cmd, [args, &global] { return run_inspect(global, *args); }};
+}
+
+}  // namespace vlm::app

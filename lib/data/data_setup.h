@@ -1,0 +1,53 @@
+// Everything the data pipeline needs, built from a Config: tokenizer (with the image tokens
+// added), chat template, sample builder, skip counter, and the options of every stage.
+// Shared by `train`, `inspect-batches` and `tokenize`.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+#include "data/chat_template.h"
+#include "data/loader.h"
+#include "data/planning_pipeline.h"
+#include "data/sample_builder.h"
+#include "data/skip_counter.h"
+#include "data/tokenizer.h"
+#include "data/worst_case.h"
+
+namespace vlm::data {
+
+class DataSetup {
+ public:
+  // Loads the tokenizer (DataError when unusable) and checks it against the model's
+  // vocabulary. `ranks` is the world size the steps are planned for.
+  DataSetup(const Config& config, int64_t ranks);
+
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ChatTemplate& chat() const { return *chat_; }
+  const SampleBuilder& builder() const { return *builder_; }
+  SkipCounter& skips() { return *skips_; }
+  const ImageTokenIds& image_tokens() const { return image_ids_; }
+
+  PlanningOptions planning_options() const { return planning_; }
+  LoaderOptions loader_options(int64_t rank) const;
+  WorstCaseInputs worst_case_inputs() const;
+
+  // The training stream: every train dataset, mixed by weight, shuffled, endless.
+  std::unique_ptr<PlanningPipeline> training_pipeline() const;
+  // One ordered pass over the validation datasets (empty when none are configured).
+  std::unique_ptr<PlanningPipeline> validation_pipeline() const;
+  // A benchmark length stream packed with the config's limits.
+  std::unique_ptr<PlanningPipeline> length_pipeline(const std::string& path) const;
+
+ private:
+  const Config& config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ImageTokenIds image_ids_;
+  std::unique_ptr<ChatTemplate> chat_;
+  std::unique_ptr<SampleBuilder> builder_;
+  std::unique_ptr<SkipCounter> skips_;
+  PlanningOptions planning_;
+};
+
+}  // namespace vlm::data

@@ -83,15 +83,13 @@ void bench_decoders(const std::string& label, const std::vector<uint8_t>& jpeg,
   report("decode " + label + " JPEG q90, TurboJPEG", time_ms(seconds, [&] {
            vlm::data::decode_jpeg_turbo(jpeg.data(), jpeg.size(), "bench.jpg");
          }));
-  report("decode " + label + " JPEG q90, stb_image", time_ms(seconds, [&] {
-           vlm::data::decode_stb(jpeg.data(), jpeg.size(), "bench.jpg");
-         }));
+  report("decode " + label + " JPEG q90, stb_image",
+         time_ms(seconds, [&] { vlm::data::decode_stb(jpeg.data(), jpeg.size(), "bench.jpg"); }));
   report("decode " + label + " PNG, libpng", time_ms(seconds, [&] {
            vlm::data::decode_png_libpng(png.data(), png.size(), "bench.png");
          }));
-  report("decode " + label + " PNG, stb_image", time_ms(seconds, [&] {
-           vlm::data::decode_stb(png.data(), png.size(), "bench.png");
-         }));
+  report("decode " + label + " PNG, stb_image",
+         time_ms(seconds, [&] { vlm::data::decode_stb(png.data(), png.size(), "bench.png"); }));
 }
 
 // probe + decode + plan + resize/split/normalise, from a file, as a loader worker does it.
@@ -108,8 +106,8 @@ void bench_pipeline(const std::string& label, const std::string& path, double se
   });
   char what[160];
   std::snprintf(what, sizeof what, "pipeline %s -> %lldx%lld grid, %lld crops of 512",
-                label.c_str(), static_cast<long long>(grid.rows),
-                static_cast<long long>(grid.cols), static_cast<long long>(grid.crops()));
+                label.c_str(), static_cast<long long>(grid.rows), static_cast<long long>(grid.cols),
+                static_cast<long long>(grid.crops()));
   report(what, ms);
 }
 

@@ -17,8 +17,7 @@ RgbImage decode_stb(const uint8_t* data, size_t size, const std::string& name) {
   int width = 0, height = 0, channels_in_file = 0;
   constexpr int kRgb = 3;  // stb converts grey/palette/alpha/16-bit to 8-bit RGB, dropping alpha
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
-      stbi_load_from_memory(data, static_cast<int>(size), &width, &height, &channels_in_file,
-                            kRgb),
+      stbi_load_from_memory(data, static_cast<int>(size), &width, &height, &channels_in_file, kRgb),
       stbi_image_free);
   if (!pixels) {
     throw DataError(std::string("cannot decode image: ") + stbi_failure_reason() +

@@ -18,7 +18,8 @@ using TjHandle = std::unique_ptr<void, TjHandleDeleter>;
 // One decompressor per thread: creating one costs more than decoding a small image.
 tjhandle thread_decompressor() {
   thread_local TjHandle handle(tjInitDecompress());
-  if (!handle) throw std::runtime_error(std::string("tjInitDecompress: ") + tjGetErrorStr2(nullptr));
+  if (!handle)
+    throw std::runtime_error(std::string("tjInitDecompress: ") + tjGetErrorStr2(nullptr));
   return handle.get();
 }
 
@@ -54,8 +55,8 @@ RgbImage cmyk_to_rgb(const std::vector<uint8_t>& cmyk, int64_t width, int64_t he
 RgbImage decode_jpeg_turbo(const uint8_t* data, size_t size, const std::string& name) {
   tjhandle tj = thread_decompressor();
   int width = 0, height = 0, subsampling = 0, colourspace = 0;
-  if (tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &width, &height,
-                          &subsampling, &colourspace) != 0) {
+  if (tjDecompressHeader3(tj, data, static_cast<unsigned long>(size), &width, &height, &subsampling,
+                          &colourspace) != 0) {
     fail(tj, name);
   }
   if (static_cast<int64_t>(width) * height > kMaxImagePixels) {

@@ -58,7 +58,8 @@ void image_to_crops(const RgbImage& image, const ImageGrid& grid, const Normaliz
   const NormalizeTable table = make_table(norm);
   const bool same_size = image.width == grid.resized_width && image.height == grid.resized_height;
   RgbImage resized_storage;
-  if (!same_size) resized_storage = resize_image(image, grid.resized_width, grid.resized_height, filter);
+  if (!same_size)
+    resized_storage = resize_image(image, grid.resized_width, grid.resized_height, filter);
   const RgbImage& resized = same_size ? image : resized_storage;
 
   const int64_t crop_floats = 3 * crop * crop;

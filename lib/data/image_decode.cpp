@@ -18,7 +18,8 @@ std::vector<uint8_t> read_image_file(const std::string& path) {
   if (!file) throw DataError("cannot open image file (does it exist?)", SourceLocation{path});
   std::vector<uint8_t> bytes(static_cast<size_t>(file.tellg()));
   file.seekg(0);
-  if (!file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()))) {
+  if (!file.read(reinterpret_cast<char*>(bytes.data()),
+                 static_cast<std::streamsize>(bytes.size()))) {
     throw DataError("cannot read image file", SourceLocation{path});
   }
   return bytes;

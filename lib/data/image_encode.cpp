@@ -62,7 +62,8 @@ std::vector<uint8_t> encode_jpeg(const RgbImage& image, int quality) {
 
 void write_bytes_file(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  file.write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
   if (!file.flush()) {
     throw DataError("cannot write file (is the directory writable and the disk not full?)",
                     SourceLocation{path});

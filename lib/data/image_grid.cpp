@@ -46,8 +46,8 @@ ImageGrid plan_image_grid(int64_t width, int64_t height, const ImageGridOptions&
   const int64_t max_crops = options.max_img_size / crop;
   const int64_t long_side = std::max(width, height);
   // scale = num / den
-  const bool to_max = options.resize_to_max || options.allow_upscale ||
-                      long_side > options.max_img_size;
+  const bool to_max =
+      options.resize_to_max || options.allow_upscale || long_side > options.max_img_size;
   const int64_t num = to_max ? options.max_img_size : 1;
   const int64_t den = to_max ? long_side : 1;
 

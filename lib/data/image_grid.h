@@ -35,8 +35,8 @@ struct ImageGridOptions {
 };
 
 struct ImageGrid {
-  int64_t resized_width = 0;  // cols * crop_size
-  int64_t resized_height = 0; // rows * crop_size
+  int64_t resized_width = 0;   // cols * crop_size
+  int64_t resized_height = 0;  // rows * crop_size
   int64_t rows = 0;
   int64_t cols = 0;
 

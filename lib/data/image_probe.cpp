@@ -30,8 +30,7 @@ uint32_t be32(const uint8_t* p) {
 
 void check_pixel_count(int64_t width, int64_t height, const std::string& name) {
   if (width <= 0 || height <= 0) {
-    fail(name, "image size " + std::to_string(width) + "x" + std::to_string(height) +
-                   " is empty");
+    fail(name, "image size " + std::to_string(width) + "x" + std::to_string(height) + " is empty");
   }
   if (width * height > kMaxImagePixels) {
     throw DataError("image of " + std::to_string(width) + "x" + std::to_string(height) +
@@ -54,10 +53,10 @@ ImageHeader parse_png(const uint8_t* data, size_t size, const std::string& name)
   const int colour_type = data[25];
   if (width > 0x7fffffffu || height > 0x7fffffffu) fail(name, "PNG size out of range");
   const bool valid_depth =
-      (colour_type == 0 && (bit_depth == 1 || bit_depth == 2 || bit_depth == 4 ||
-                            bit_depth == 8 || bit_depth == 16)) ||
-      (colour_type == 3 && (bit_depth == 1 || bit_depth == 2 || bit_depth == 4 ||
-                            bit_depth == 8)) ||
+      (colour_type == 0 &&
+       (bit_depth == 1 || bit_depth == 2 || bit_depth == 4 || bit_depth == 8 || bit_depth == 16)) ||
+      (colour_type == 3 &&
+       (bit_depth == 1 || bit_depth == 2 || bit_depth == 4 || bit_depth == 8)) ||
       ((colour_type == 2 || colour_type == 4 || colour_type == 6) &&
        (bit_depth == 8 || bit_depth == 16));
   if (!valid_depth) {
@@ -110,8 +109,8 @@ bool is_frame_header(uint8_t marker) {
   return marker >= 0xc0 && marker <= 0xcf && marker != 0xc4 && marker != 0xc8 && marker != 0xcc;
 }
 
-ImageHeader frame_header(uint8_t marker, const uint8_t* segment, size_t length,
-                         int orientation, const std::string& name) {
+ImageHeader frame_header(uint8_t marker, const uint8_t* segment, size_t length, int orientation,
+                         const std::string& name) {
   if (length < 6) fail(name, "JPEG frame header too short");
   const int precision = segment[0];
   const int64_t height = be16(segment + 1);
@@ -222,8 +221,8 @@ ImageHeader probe_image(const std::string& path) {
     const bool complete = want == file_size;
     if (auto header = parse_header(prefix.data(), want, complete, path, &needed)) return *header;
     if (needed > kMaxProbeBytes) {
-      fail(path, "JPEG frame header not within the first " + std::to_string(kMaxProbeBytes) +
-                     " bytes");
+      fail(path,
+           "JPEG frame header not within the first " + std::to_string(kMaxProbeBytes) + " bytes");
     }
     want = std::min(file_size, std::max(needed, 2 * want));
   }

@@ -45,14 +45,17 @@ AxisTaps compute_taps(int64_t in_size, int64_t out_size, ResampleFilter filter) 
   taps.weights.assign(static_cast<size_t>(out_size * taps.stride), 0.0f);
   for (int64_t i = 0; i < out_size; ++i) {
     const double centre = (static_cast<double>(i) + 0.5) * scale;  // in input pixel units
-    const int64_t lo = std::max<int64_t>(0, static_cast<int64_t>(std::floor(centre - support + 0.5)));
-    const int64_t hi = std::min<int64_t>(in_size, static_cast<int64_t>(std::floor(centre + support + 0.5)));
+    const int64_t lo =
+        std::max<int64_t>(0, static_cast<int64_t>(std::floor(centre - support + 0.5)));
+    const int64_t hi =
+        std::min<int64_t>(in_size, static_cast<int64_t>(std::floor(centre + support + 0.5)));
     const int64_t n = std::min(hi - lo, taps.stride);
     float* w = &taps.weights[static_cast<size_t>(i * taps.stride)];
     double sum = 0.0;
     for (int64_t k = 0; k < n; ++k) {
       // Distance from the output centre to the input pixel's centre, in filter units.
-      w[k] = kernel(static_cast<float>((static_cast<double>(lo + k) + 0.5 - centre) / filter_scale));
+      w[k] =
+          kernel(static_cast<float>((static_cast<double>(lo + k) + 0.5 - centre) / filter_scale));
       sum += w[k];
     }
     if (sum != 0.0) {
@@ -87,9 +90,7 @@ void resample_rows(const In* in, int64_t in_width, int64_t rows, const AxisTaps&
   }
 }
 
-uint8_t to_byte(float v) {
-  return static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
-}
+uint8_t to_byte(float v) { return static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L)); }
 
 // Vertical pass over float rows (`width` pixels each) into 8-bit output rows.
 void resample_columns(const float* in, int64_t width, const AxisTaps& taps, int64_t out_height,

@@ -40,7 +40,9 @@ struct RgbImage {
 
   size_t row_bytes() const { return static_cast<size_t>(width) * 3; }
   uint8_t* row(int64_t y) { return pixels.data() + static_cast<size_t>(y) * row_bytes(); }
-  const uint8_t* row(int64_t y) const { return pixels.data() + static_cast<size_t>(y) * row_bytes(); }
+  const uint8_t* row(int64_t y) const {
+    return pixels.data() + static_cast<size_t>(y) * row_bytes();
+  }
   uint8_t* at(int64_t x, int64_t y) { return row(y) + x * 3; }
   const uint8_t* at(int64_t x, int64_t y) const { return row(y) + x * 3; }
 };

@@ -1,5 +1,5 @@
-#include <catch2/catch.hpp>
 #include <png.h>
+#include <catch2/catch.hpp>
 
 #include <cstdlib>
 #include <string>
@@ -109,8 +109,8 @@ TEST_CASE("PNG grey, grey+alpha, RGBA, palette and 16-bit all decode to RGB") {
     const uint8_t palette[2 * 3] = {10, 20, 30, 240, 230, 220};
     std::vector<uint8_t> indices(w * h, 0);
     indices[7] = 1;
-    const RgbImage rgb = decode_png_both(
-        libpng_encode(indices.data(), w, h, PNG_FORMAT_RGB_COLORMAP, palette, 2));
+    const RgbImage rgb =
+        decode_png_both(libpng_encode(indices.data(), w, h, PNG_FORMAT_RGB_COLORMAP, palette, 2));
     CHECK(pixel(rgb, 2, 1) == Rgb{240, 230, 220});
     CHECK(pixel(rgb, 0, 0) == Rgb{10, 20, 30});
   }
@@ -128,8 +128,8 @@ TEST_CASE("PNG grey, grey+alpha, RGBA, palette and 16-bit all decode to RGB") {
 TEST_CASE("JPEG decodes close to the encoded picture with both codecs") {
   const RgbImage original = quadrant_image(64, 48, {kRed, kGreen, kBlue, kWhite});
   const auto jpeg = encode_jpeg(original, 95);
-  for (const RgbImage& decoded : {decode_image_bytes(jpeg, "q.jpg"),
-                                  decode_stb(jpeg.data(), jpeg.size(), "q.jpg")}) {
+  for (const RgbImage& decoded :
+       {decode_image_bytes(jpeg, "q.jpg"), decode_stb(jpeg.data(), jpeg.size(), "q.jpg")}) {
     REQUIRE(decoded.width == 64);
     REQUIRE(decoded.height == 48);
     CHECK(close_to(pixel(decoded, 8, 8), kRed, 6));
@@ -145,9 +145,14 @@ TEST_CASE("EXIF orientation maps stored corners to displayed corners") {
   const std::array<Rgb, 4> stored = {kRed, kGreen, kBlue, kWhite};  // TL TR BL BR
   const int TL = 0, TR = 1, BL = 2, BR = 3;
   const int expected[9][4] = {{},
-                              {TL, TR, BL, BR}, {TR, TL, BR, BL}, {BR, BL, TR, TL},
-                              {BL, BR, TL, TR}, {TL, BL, TR, BR}, {BL, TL, BR, TR},
-                              {BR, TR, BL, TL}, {TR, BR, TL, BL}};
+                              {TL, TR, BL, BR},
+                              {TR, TL, BR, BL},
+                              {BR, BL, TR, TL},
+                              {BL, BR, TL, TR},
+                              {TL, BL, TR, BR},
+                              {BL, TL, BR, TR},
+                              {BR, TR, BL, TL},
+                              {TR, BR, TL, BL}};
   const auto jpeg = encode_jpeg(quadrant_image(64, 32, stored), 95);
   for (int orientation = 1; orientation <= 8; ++orientation) {
     INFO("orientation " << orientation);

@@ -57,18 +57,18 @@ inline std::vector<uint8_t> exif_segment(int orientation, bool little_endian) {
   tiff.push_back(little_endian ? 'I' : 'M');
   tiff.push_back(little_endian ? 'I' : 'M');
   put16(42);
-  put32(8);        // IFD0 right after the header
-  put16(2);        // two entries: an unrelated one first, then orientation
-  put16(0x010f);   // Make, ASCII, 4 bytes inline
+  put32(8);       // IFD0 right after the header
+  put16(2);       // two entries: an unrelated one first, then orientation
+  put16(0x010f);  // Make, ASCII, 4 bytes inline
   put16(2);
   put32(4);
   tiff.insert(tiff.end(), {'a', 'b', 'c', '\0'});
-  put16(0x0112);   // Orientation, SHORT, count 1, value left-justified
+  put16(0x0112);  // Orientation, SHORT, count 1, value left-justified
   put16(3);
   put32(1);
   put16(static_cast<uint32_t>(orientation));
   put16(0);
-  put32(0);        // no next IFD
+  put32(0);  // no next IFD
   const uint8_t head[10] = {0xff, 0xe1, 0, 0, 'E', 'x', 'i', 'f', 0, 0};
   std::vector<uint8_t> segment(sizeof head + tiff.size());
   std::copy(head, head + sizeof head, segment.begin());

@@ -1,7 +1,11 @@
 #include "data/image_encode.h"
 
-#include <stb_image_write.h>
+#include <png.h>
 #include <turbojpeg.h>
+#include <zlib.h>
+
+#include <csetjmp>
+#include <cstring>
 
 #include <fstream>
 #include <memory>
@@ -12,10 +16,37 @@
 namespace vlm::data {
 namespace {
 
-void append_bytes(void* context, void* data, int size) {
-  auto* out = static_cast<std::vector<uint8_t>*>(context);
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  out->insert(out->end(), bytes, bytes + size);
+void append_png_bytes(png_structp png, png_bytep data, png_size_t size) {
+  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
+  out->insert(out->end(), data, data + size);
+}
+void flush_nothing(png_structp) {}
+
+void on_png_error(png_structp png, png_const_charp message) {
+  auto* text = static_cast<char*>(png_get_error_ptr(png));
+  std::strncpy(text, message, 255);
+  text[255] = '\0';
+  png_longjmp(png, 1);
+}
+
+// The filter and zlib settings, chosen by measurement (512x384 demo picture, this machine):
+// stb_image_write took 50 ms flat / 164 ms noisy; libpng with the SUB filter and zlib's RLE
+// strategy 2 ms / 18 ms at similar sizes (all-filter adaptive at level 6: 14 / 100 ms).
+// No automatic C++ object lives across setjmp (`out` is the caller's).
+bool write_png(png_structp png, png_infop info, const RgbImage& image, std::vector<uint8_t>* out) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_set_write_fn(png, out, append_png_bytes, flush_nothing);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width),
+               static_cast<png_uint_32>(image.height), 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_set_filter(png, PNG_FILTER_TYPE_BASE, PNG_FILTER_SUB);
+  png_set_compression_strategy(png, Z_RLE);
+  png_write_info(png, info);
+  for (int64_t y = 0; y < image.height; ++y) {
+    png_write_row(png, const_cast<png_bytep>(image.row(y)));
+  }
+  png_write_end(png, nullptr);
+  return true;
 }
 
 void check_encodable(const RgbImage& image) {
@@ -33,12 +64,17 @@ struct TjHandleDeleter {
 
 std::vector<uint8_t> encode_png(const RgbImage& image) {
   check_encodable(image);
-  std::vector<uint8_t> out;
-  if (!stbi_write_png_to_func(append_bytes, &out, static_cast<int>(image.width),
-                              static_cast<int>(image.height), 3, image.pixels.data(),
-                              static_cast<int>(image.row_bytes()))) {
-    throw std::runtime_error("stbi_write_png_to_func failed");
+  char message[256] = "PNG encoding failed";
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, message, on_png_error, nullptr);
+  png_infop info = png ? png_create_info_struct(png) : nullptr;
+  if (!info) {
+    png_destroy_write_struct(&png, nullptr);
+    throw std::bad_alloc();
   }
+  std::vector<uint8_t> out;
+  const bool ok = write_png(png, info, image, &out);
+  png_destroy_write_struct(&png, &info);
+  if (!ok) throw std::runtime_error(std::string("libpng: ") + message);
   return out;
 }
 

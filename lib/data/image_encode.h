@@ -1,5 +1,6 @@
-// Image encoders, for the demo dataset and for tests: RGB -> PNG (stb_image_write) or JPEG
-// (TurboJPEG, 4:2:0 chroma subsampling like PIL's default).
+// Image encoders, for the demo dataset and for tests: RGB -> PNG (libpng: 10-20x faster than
+// stb_image_write here, see image_encode.cpp) or JPEG (TurboJPEG, 4:2:0 chroma subsampling
+// like PIL's default).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,58 @@
+// Image value types shared by probe, decode, resize and crop splitting (torch-free).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vlm::data {
+
+enum class ImageFormat { kPng, kJpeg };
+
+// "PNG" or "JPEG", for messages and summaries.
+const char* image_format_name(ImageFormat format);
+
+// What the file header says, without decoding pixels.
+struct ImageHeader {
+  ImageFormat format = ImageFormat::kPng;
+  // The size as displayed, i.e. what decode_image() returns: EXIF orientations 5-8 rotate the
+  // picture by 90 degrees, so these are the stored sizes swapped.
+  int64_t width = 0;
+  int64_t height = 0;
+  // The size of the pixel array as stored in the file.
+  int64_t stored_width = 0;
+  int64_t stored_height = 0;
+  // EXIF orientation tag 0x0112 (1-8; 1 = as stored). Always 1 for PNG.
+  int exif_orientation = 1;
+};
+
+// 8-bit RGB, interleaved, rows top to bottom, no padding: pixel (x, y) channel c is
+// pixels[(y * width + x) * 3 + c].
+struct RgbImage {
+  int64_t width = 0;
+  int64_t height = 0;
+  std::vector<uint8_t> pixels;
+
+  RgbImage() = default;
+  RgbImage(int64_t width_px, int64_t height_px)
+      : width(width_px), height(height_px), pixels(static_cast<size_t>(width_px * height_px * 3)) {}
+
+  size_t row_bytes() const { return static_cast<size_t>(width) * 3; }
+  uint8_t* row(int64_t y) { return pixels.data() + static_cast<size_t>(y) * row_bytes(); }
+  const uint8_t* row(int64_t y) const {
+    return pixels.data() + static_cast<size_t>(y) * row_bytes();
+  }
+  uint8_t* at(int64_t x, int64_t y) { return row(y) + x * 3; }
+  const uint8_t* at(int64_t x, int64_t y) const { return row(y) + x * 3; }
+};
+
+// Largest decodable image, in pixels: PIL's decompression-bomb error threshold
+// (2 * Image.MAX_IMAGE_PIXELS = 2 * 89,478,485). A header beyond it is refused before any
+// memory is allocated for its pixels.
+inline constexpr int64_t kMaxImagePixels = 2 * 89'478'485;
+
+// Reads a whole file into memory; DataError when it cannot be read.
+std::vector<uint8_t> read_image_file(const std::string& path);
+
+}  // namespace vlm::data

@@ -31,17 +31,25 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
   const LoadedConfig loaded = load_config_and_logging(global, true);
   log_start_banner(global, loaded);
   const Config& config = loaded.config;
-  data::DataSetup setup(config, args.ranks);
-  std::unique_ptr<data::PlanningPipeline> pipeline =
-      args.lengths.empty() ? setup.training_pipeline() : setup.length_pipeline(args.lengths);
+  // A length stream needs neither tokenizer nor images: only the planning stages run.
+  std::unique_ptr<data::DataSetup> setup;
+  std::unique_ptr<data::PlanningPipeline> pipeline;
+  data::LoaderOptions loader_options;
+  if (args.lengths.empty()) {
+    setup = std::make_unique<data::DataSetup>(config, args.ranks);
+    pipeline = setup->training_pipeline();
+    loader_options = setup->loader_options(0);
+    loader_options.collate.decode_images = !args.no_decode;
+  } else {
+    pipeline = data::length_pipeline(config, args.ranks, args.lengths);
+    loader_options.workers = 0;
+  }
 
   data::BatchReport report({config.packing.max_seq_len,
                             spec::patches_per_crop(config.model.dims.vision), args.ranks,
-                            data::worst_case(setup.worst_case_inputs())});
+                            data::worst_case(data::worst_case_inputs(config))});
   // Steps are planned for every rank; rank 0's micro-batches are also decoded and collated,
-  // which is the loader's real work (skipped for length streams and with --no-decode).
-  data::LoaderOptions loader_options = setup.loader_options(0);
-  loader_options.collate.decode_images = !args.no_decode && args.lengths.empty();
+  // which is the loader's real work (not for length streams or with --no-decode).
   const int64_t max_steps = args.lengths.empty() ? args.steps : 0;  // a length stream: all of it
   int64_t decoded_images = 0, decoded_samples = 0, undecodable = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -62,7 +70,7 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
         {"config", loaded.source},
         {"source", args.lengths.empty() ? "datasets" : args.lengths},
         {"drops", pipeline->drops().to_json()},
-        {"skipped", setup.skips().to_json()},
+        {"skipped", setup ? setup->skips().to_json() : nlohmann::json()},
         {"throughput",
          {{"seconds", seconds},
           {"packs_per_s", report.packs() / seconds},

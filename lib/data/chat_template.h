@@ -23,17 +23,11 @@
 #include <vector>
 
 #include "data/conversation.h"
+#include "data/image_grid.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_image_tokens.h"
 
 namespace vlm::data {
-
-// How an image is split: a rows x cols grid of tiles, plus a global crop iff rows*cols > 1.
-struct ImageGrid {
-  int64_t rows = 1;
-  int64_t cols = 1;
-  int64_t crops() const { return rows * cols > 1 ? rows * cols + 1 : 1; }
-};
 
 struct TokenizedSample {
   std::vector<int32_t> ids;

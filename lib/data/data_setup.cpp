@@ -16,7 +16,61 @@ std::vector<DatasetSpec> dataset_specs(const std::vector<DatasetConfig>& dataset
   return specs;
 }
 
+ImageGridOptions grid_options(const Config& config) {
+  ImageGridOptions grid;
+  grid.crop_size = config.model.dims.vision.image_size;
+  grid.max_img_size = config.data.max_img_size;
+  grid.resize_to_max = config.data.resize_to_max;
+  grid.allow_upscale = config.data.allow_upscale;
+  return grid;
+}
+
+// A pack may never hold more crops than a micro-batch may.
+int64_t crops_per_pack(const Config& config) {
+  const int64_t pack_cap = config.packing.max_crops_per_pack;
+  const int64_t micro_cap = config.train.max_crops_per_micro_batch;
+  if (micro_cap > 0 && (pack_cap == 0 || pack_cap > micro_cap)) return micro_cap;
+  return pack_cap;
+}
+
 }  // namespace
+
+PlanningOptions planning_options(const Config& config, int64_t ranks) {
+  PlanningOptions p;
+  p.limits = SampleLimits{config.data.max_sample_length, config.data.max_images_per_example,
+                          config.packing.max_seq_len, config.packing.max_images_per_knapsack,
+                          crops_per_pack(config)};
+  p.packer.max_seq_len = config.packing.max_seq_len;
+  p.packer.max_images_per_pack = config.packing.max_images_per_knapsack;
+  p.packer.max_crops_per_pack = crops_per_pack(config);
+  p.packer.buffer_samples = config.packing.buffer_samples;
+  p.packer.max_deferrals = config.packing.max_deferrals;
+  p.packer.emission_window = config.packing.emission_window;
+  p.packer.seed = static_cast<uint64_t>(config.train.seed);
+  p.planner.ranks = ranks;
+  p.planner.micro_steps = config.train.gradient_accumulation_steps;
+  p.planner.batch_size = config.train.batch_size;
+  p.planner.max_crops_per_micro_batch = config.train.max_crops_per_micro_batch;
+  return p;
+}
+
+WorstCaseInputs worst_case_inputs(const Config& config) {
+  WorstCaseInputs in;
+  in.grid = grid_options(config);
+  in.image_tokens_per_crop = spec::image_tokens_per_crop(config.model.dims);
+  in.max_seq_len = config.packing.max_seq_len;
+  in.max_images_per_pack = config.packing.max_images_per_knapsack;
+  in.max_crops_per_pack = crops_per_pack(config);
+  in.batch_size = config.train.batch_size;
+  in.max_crops_per_micro_batch = config.train.max_crops_per_micro_batch;
+  return in;
+}
+
+std::unique_ptr<PlanningPipeline> length_pipeline(const Config& config, int64_t ranks,
+                                                  const std::string& path) {
+  return std::make_unique<PlanningPipeline>(std::make_unique<LengthSource>(path),
+                                            planning_options(config, ranks));
+}
 
 DataSetup::DataSetup(const Config& config, int64_t ranks) : config_(config) {
   tokenizer_ = load_tokenizer(config.model.tokenizer);
@@ -31,35 +85,11 @@ DataSetup::DataSetup(const Config& config, int64_t ranks) : config_(config) {
   }
   chat_ = std::make_unique<ChatTemplate>(*tokenizer_, spec::image_tokens_per_crop(config.model.dims));
 
-  ImageGridOptions grid;
-  grid.crop_size = config.model.dims.vision.image_size;
-  grid.max_img_size = config.data.max_img_size;
-  grid.resize_to_max = config.data.resize_to_max;
-  grid.allow_upscale = config.data.allow_upscale;
-  builder_ = std::make_unique<SampleBuilder>(*chat_, grid);
+  builder_ = std::make_unique<SampleBuilder>(*chat_, grid_options(config));
   skips_ = std::make_unique<SkipCounter>(config.data.max_skipped_fraction,
                                          config.data.min_skipped_for_error);
 
-  // A pack may never hold more crops than a micro-batch may.
-  int64_t crops_per_pack = config.packing.max_crops_per_pack;
-  if (config.train.max_crops_per_micro_batch > 0 &&
-      (crops_per_pack == 0 || crops_per_pack > config.train.max_crops_per_micro_batch)) {
-    crops_per_pack = config.train.max_crops_per_micro_batch;
-  }
-  planning_.limits = SampleLimits{config.data.max_sample_length, config.data.max_images_per_example,
-                                  config.packing.max_seq_len, config.packing.max_images_per_knapsack,
-                                  crops_per_pack};
-  planning_.packer.max_seq_len = config.packing.max_seq_len;
-  planning_.packer.max_images_per_pack = config.packing.max_images_per_knapsack;
-  planning_.packer.max_crops_per_pack = crops_per_pack;
-  planning_.packer.buffer_samples = config.packing.buffer_samples;
-  planning_.packer.max_deferrals = config.packing.max_deferrals;
-  planning_.packer.emission_window = config.packing.emission_window;
-  planning_.packer.seed = static_cast<uint64_t>(config.train.seed);
-  planning_.planner.ranks = ranks;
-  planning_.planner.micro_steps = config.train.gradient_accumulation_steps;
-  planning_.planner.batch_size = config.train.batch_size;
-  planning_.planner.max_crops_per_micro_batch = config.train.max_crops_per_micro_batch;
+  planning_ = planning_options(config, ranks);
 }
 
 LoaderOptions DataSetup::loader_options(int64_t rank) const {
@@ -76,18 +106,6 @@ LoaderOptions DataSetup::loader_options(int64_t rank) const {
     o.collate.normalize.std[c] = static_cast<float>(config_.data.image_std[c]);
   }
   return o;
-}
-
-WorstCaseInputs DataSetup::worst_case_inputs() const {
-  WorstCaseInputs in;
-  in.grid = builder_->grid_options();
-  in.image_tokens_per_crop = spec::image_tokens_per_crop(config_.model.dims);
-  in.max_seq_len = config_.packing.max_seq_len;
-  in.max_images_per_pack = config_.packing.max_images_per_knapsack;
-  in.max_crops_per_pack = planning_.packer.max_crops_per_pack;
-  in.batch_size = config_.train.batch_size;
-  in.max_crops_per_micro_batch = config_.train.max_crops_per_micro_batch;
-  return in;
 }
 
 std::unique_ptr<PlanningPipeline> DataSetup::training_pipeline() const {
@@ -108,10 +126,6 @@ std::unique_ptr<PlanningPipeline> DataSetup::validation_pipeline() const {
   options.planner.micro_steps = 1;
   options.packer.emission_window = 0;  // evaluation order does not matter, keep it stable
   return std::make_unique<PlanningPipeline>(std::move(source), options);
-}
-
-std::unique_ptr<PlanningPipeline> DataSetup::length_pipeline(const std::string& path) const {
-  return std::make_unique<PlanningPipeline>(std::make_unique<LengthSource>(path), planning_);
 }
 
 }  // namespace vlm::data

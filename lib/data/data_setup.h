@@ -17,6 +17,14 @@
 
 namespace vlm::data {
 
+// The options of every planning stage (filter, packer, step planner) from a config.
+PlanningOptions planning_options(const Config& config, int64_t ranks);
+// What the theoretical worst micro-batch of a config is computed from.
+WorstCaseInputs worst_case_inputs(const Config& config);
+// A benchmark length stream packed with the config's limits (needs no tokenizer or images).
+std::unique_ptr<PlanningPipeline> length_pipeline(const Config& config, int64_t ranks,
+                                                  const std::string& path);
+
 class DataSetup {
  public:
   // Loads the tokenizer (DataError when unusable) and checks it against the model's
@@ -29,16 +37,12 @@ class DataSetup {
   SkipCounter& skips() { return *skips_; }
   const ImageTokenIds& image_tokens() const { return image_ids_; }
 
-  PlanningOptions planning_options() const { return planning_; }
   LoaderOptions loader_options(int64_t rank) const;
-  WorstCaseInputs worst_case_inputs() const;
 
   // The training stream: every train dataset, mixed by weight, shuffled, endless.
   std::unique_ptr<PlanningPipeline> training_pipeline() const;
   // One ordered pass over the validation datasets (empty when none are configured).
   std::unique_ptr<PlanningPipeline> validation_pipeline() const;
-  // A benchmark length stream packed with the config's limits.
-  std::unique_ptr<PlanningPipeline> length_pipeline(const std::string& path) const;
 
  private:
   const Config& config_;

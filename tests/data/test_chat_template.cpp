@@ -14,6 +14,13 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
+// A grid of rows x cols tiles of 64 px (the chat template reads rows and cols only).
+ImageGrid grid(int64_t rows, int64_t cols) { return ImageGrid{cols * 64, rows * 64, rows, cols}; }
+
+}  // namespace
+
+namespace {
+
 constexpr int32_t kStart = 257, kEnd = 258, kImage = 259, kGlobal = 260;
 constexpr int32_t tile(int row, int col) { return 261 + 8 * (row - 1) + (col - 1); }
 
@@ -61,7 +68,7 @@ TEST_CASE("image tokens use nanoVLM's names and ids 259..324 on the built-in tok
 TEST_CASE("one 1x1 image: global token and N image tokens before the user text") {
   const Tokenizer tokenizer = chat_tokenizer();
   const ChatTemplate chat(tokenizer, 2);
-  const TokenizedSample sample = chat.apply(qa("Hi", "Yo"), {ImageGrid{1, 1}});
+  const TokenizedSample sample = chat.apply(qa("Hi", "Yo"), {grid(1, 1)});
   Ids expected = {kStart};
   append_text(expected, "user\n");
   expected.insert(expected.end(), {kGlobal, kImage, kImage});
@@ -81,7 +88,7 @@ TEST_CASE("one 1x1 image: global token and N image tokens before the user text")
 TEST_CASE("a 2x2 grid: global crop, then each tile row-major") {
   const Tokenizer tokenizer = chat_tokenizer();
   const ChatTemplate chat(tokenizer, 1);
-  const TokenizedSample sample = chat.apply(qa("Q", "A"), {ImageGrid{2, 2}});
+  const TokenizedSample sample = chat.apply(qa("Q", "A"), {grid(2, 2)});
   Ids expected = {kStart};
   append_text(expected, "user\n");
   expected.insert(expected.end(), {kGlobal, kImage, tile(1, 1), kImage, tile(1, 2), kImage,
@@ -122,7 +129,7 @@ TEST_CASE("<image> markers place each image where it appears, numbered when seve
   const Tokenizer tokenizer = chat_tokenizer();
   const ChatTemplate chat(tokenizer, 1);
   const TokenizedSample sample =
-      chat.apply(qa("<image>x<image>\ny", "z"), {ImageGrid{1, 1}, ImageGrid{1, 2}});
+      chat.apply(qa("<image>x<image>\ny", "z"), {grid(1, 1), grid(1, 2)});
   Ids expected = {kStart};
   append_text(expected, "user\n<image: 0>");
   expected.insert(expected.end(), {kGlobal, kImage});
@@ -142,7 +149,7 @@ TEST_CASE("without markers, all images go before the first user turn's text") {
   const ChatTemplate chat(tokenizer, 1);
   const std::vector<ChatTurn> turns = {
       {ChatRole::kAssistant, "hello"}, {ChatRole::kUser, "look"}, {ChatRole::kAssistant, "ok"}};
-  const TokenizedSample sample = chat.apply(turns, {ImageGrid{1, 1}, ImageGrid{1, 1}});
+  const TokenizedSample sample = chat.apply(turns, {grid(1, 1), grid(1, 1)});
   CHECK(tokenizer.decode(sample.ids) ==
         "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>user\n<image: 0><|global_image|>"
         "<|image|><image: 1><|global_image|><|image|>look<|im_end|>\n<|im_start|>assistant\nok"
@@ -154,7 +161,7 @@ TEST_CASE("image token count is crops x image_tokens_per_crop, none supervised")
   const Tokenizer tokenizer = chat_tokenizer();
   const ChatTemplate chat(tokenizer, 64);  // (512/16)^2 / 4^2
   const TokenizedSample sample =
-      chat.apply(qa("<image> and <image>", "two"), {ImageGrid{1, 1}, ImageGrid{2, 3}});
+      chat.apply(qa("<image> and <image>", "two"), {grid(1, 1), grid(2, 3)});
   CHECK(sample.crops == 1 + 7);
   CHECK(sample.image_tokens == 8 * 64);
   const auto image_slots = std::count(sample.ids.begin(), sample.ids.end(), kImage);
@@ -168,17 +175,17 @@ TEST_CASE("image token count is crops x image_tokens_per_crop, none supervised")
 TEST_CASE("chat template errors") {
   const Tokenizer tokenizer = chat_tokenizer();
   const ChatTemplate chat(tokenizer, 4);
-  CHECK_THROWS_WITH(chat.apply(qa("<image>", "a"), {ImageGrid{}, ImageGrid{}}),
+  CHECK_THROWS_WITH(chat.apply(qa("<image>", "a"), {grid(1, 1), grid(1, 1)}),
                     Catch::Contains("1 <image> markers but 2 images"));
-  CHECK_THROWS_WITH(chat.apply(qa("<image><image>", "a"), {ImageGrid{}}),
+  CHECK_THROWS_WITH(chat.apply(qa("<image><image>", "a"), {grid(1, 1)}),
                     Catch::Contains("2 <image> markers but 1 images"));
   CHECK_THROWS_WITH(chat.apply(qa("<image>", "a"), {}),
                     Catch::Contains("1 <image> markers but 0 images"));
-  CHECK_THROWS_AS(chat.apply(qa("q", "<image>"), {ImageGrid{}}), vlm::DataError);
-  CHECK_THROWS_WITH(chat.apply({{ChatRole::kAssistant, "a"}}, {ImageGrid{}}),
+  CHECK_THROWS_AS(chat.apply(qa("q", "<image>"), {grid(1, 1)}), vlm::DataError);
+  CHECK_THROWS_WITH(chat.apply({{ChatRole::kAssistant, "a"}}, {grid(1, 1)}),
                     Catch::Contains("no user turn"));
-  CHECK_THROWS_WITH(chat.apply(qa("q", "a"), {ImageGrid{9, 1}}), Catch::Contains("9x1"));
-  CHECK_THROWS_AS(chat.apply(qa("q", "a"), {ImageGrid{0, 2}}), vlm::DataError);
+  CHECK_THROWS_WITH(chat.apply(qa("q", "a"), {grid(9, 1)}), Catch::Contains("9x1"));
+  CHECK_THROWS_AS(chat.apply(qa("q", "a"), {grid(0, 2)}), vlm::DataError);
   CHECK_THROWS_AS(ChatTemplate(tokenizer, 0), std::invalid_argument);
   // A tokenizer without the image tokens cannot build the template.
   const Tokenizer bare = Tokenizer::builtin_bytes();

@@ -101,8 +101,12 @@ const TensorEntry& SafetensorsFile::entry(const std::string& name) const {
   return *found;
 }
 
-at::Tensor SafetensorsFile::copy(const std::string& name) const {
-  const TensorEntry& e = entry(name);
+at::Tensor SafetensorsFile::copy(const std::string& name) const { return copy(entry(name)); }
+
+at::Tensor SafetensorsFile::view(const std::string& name) const { return view(entry(name)); }
+
+at::Tensor SafetensorsFile::copy(const TensorEntry& e) const {
+  const std::string& name = e.name;
   const uint8_t* bytes = file_->data() + header_.data_start + e.begin;
   if (e.dtype == SafetensorsDtype::kBool) {
     for (uint64_t i = 0; i < e.size_bytes(); ++i) {
@@ -118,13 +122,12 @@ at::Tensor SafetensorsFile::copy(const std::string& name) const {
   return out;
 }
 
-at::Tensor SafetensorsFile::view(const std::string& name) const {
-  const TensorEntry& e = entry(name);
+at::Tensor SafetensorsFile::view(const TensorEntry& e) const {
   uint8_t* bytes = file_->data() + header_.data_start + e.begin;
   const auto element_bytes = static_cast<uintptr_t>(dtype_size_bytes(e.dtype));
   if (e.size_bytes() == 0 || e.dtype == SafetensorsDtype::kBool ||
       reinterpret_cast<uintptr_t>(bytes) % element_bytes != 0) {
-    return copy(name);  // empty, needs value checks, or misaligned for typed access
+    return copy(e);  // empty, needs value checks, or misaligned for typed access
   }
   std::shared_ptr<MappedFile> keep_alive = file_;
   return at::from_blob(
@@ -202,10 +205,10 @@ void read_shard(const std::string& shard_path, const std::set<std::string>& list
                           "are from different checkpoints",
                       SourceLocation{index_path});
     }
-    out.tensors[entry.name] = shard.copy(entry.name);
+    out.tensors[entry.name] = shard.copy(entry);
   }
   for (const auto& name : listed) {
-    if (shard.header().find(name) == nullptr) {
+    if (out.tensors.count(name) == 0) {
       throw DataError("the index assigns tensor '" + name + "' to shard " + shard_path +
                           ", which does not hold it",
                       SourceLocation{index_path});
@@ -227,7 +230,7 @@ SafetensorsContents read_sharded(const std::string& index_path) {
 SafetensorsContents read_single(const std::string& path) {
   const SafetensorsFile file(path);
   SafetensorsContents out;
-  for (const auto& entry : file.header().tensors) out.tensors[entry.name] = file.copy(entry.name);
+  for (const auto& entry : file.header().tensors) out.tensors[entry.name] = file.copy(entry);
   out.metadata = file.header().metadata;
   out.files.push_back(path);
   return out;

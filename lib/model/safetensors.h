@@ -32,10 +32,12 @@ class SafetensorsFile {
   // An owning CPU tensor with a copy of the stored bytes. Throws vlm::DataError for an unknown
   // name or a BOOL tensor holding bytes other than 0 and 1.
   at::Tensor copy(const std::string& name) const;
+  at::Tensor copy(const TensorEntry& entry) const;  // an entry of header().tensors
   // A zero-copy CPU tensor over the mapping (copy-on-write: writing to it leaves the file
   // alone); it keeps the mapping alive. Falls back to a copy when the stored bytes are not
   // aligned to the element size. The file must not be truncated while views are in use.
   at::Tensor view(const std::string& name) const;
+  at::Tensor view(const TensorEntry& entry) const;  // an entry of header().tensors
 
  private:
   const TensorEntry& entry(const std::string& name) const;

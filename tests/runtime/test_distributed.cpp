@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "runtime/distributed.h"
+#include "runtime/tracking_allocator.h"
 
 using vlm::DistEnv;
 using vlm::runtime::Communicator;
@@ -261,4 +262,33 @@ CATCH_TEST_CASE("distributed: a hung peer fails the collective with a clear erro
   CATCH_CHECK(message.find("rank 0 of 2") != std::string::npos);
   CATCH_CHECK(elapsed >= std::chrono::milliseconds(1500));
   CATCH_CHECK(elapsed < std::chrono::seconds(8));
+}
+
+CATCH_TEST_CASE("distributed: the OOM agreement allocates no tensor memory") {
+  // The flag all-reduce runs right after an OOM of the budgeted allocator: with the cap at
+  // exactly the live bytes, any allocation would throw.
+  bool agreed[2] = {false, false};
+  int64_t refused = -1;
+  auto body = [&](int rank, Communicator& communicator) {
+    auto& allocator = vlm::runtime::install_cpu_tracking_allocator();
+    communicator.barrier();
+    const int64_t refused_before = allocator.refused_allocations();
+    if (rank == 0) allocator.set_cap_bytes(allocator.live_bytes());
+    communicator.barrier();
+    agreed[rank] = communicator.any_rank_flagged(rank == 0);
+    communicator.barrier();
+    if (rank == 0) {
+      refused = allocator.refused_allocations() - refused_before;
+      allocator.clear_cap();
+    }
+  };
+  try {
+    run_two_ranks(body);
+  } catch (...) {
+    vlm::runtime::install_cpu_tracking_allocator().clear_cap();  // keep later tests uncapped
+    throw;
+  }
+  CATCH_CHECK(agreed[0]);
+  CATCH_CHECK(agreed[1]);
+  CATCH_CHECK(refused == 0);
 }

@@ -1,0 +1,50 @@
+// CUDA caching-allocator statistics. Signatures differ across LibTorch 2.x (see
+// compat_runtime.h): device arguments are passed as c10::DeviceIndex, which converts to the
+// `int` parameters of <= 2.2 as well, and stats are indexed by kAggregateStatIndex.
+#include "runtime/memory_stats_cuda.h"
+
+#include <torch/torch.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include "runtime/compat_runtime.h"
+
+namespace vlm::runtime::detail {
+
+DeviceMemoryStats cuda_memory_stats(int device_index) {
+  const auto index = static_cast<c10::DeviceIndex>(device_index);
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto& allocated = stats.allocated_bytes[compat::kAggregateStatIndex];
+  const auto& reserved = stats.reserved_bytes[compat::kAggregateStatIndex];
+
+  DeviceMemoryStats out;
+  out.allocated_bytes = allocated.current;
+  out.reserved_bytes = reserved.current;
+  out.peak_allocated_bytes = allocated.peak;
+  out.peak_reserved_bytes = reserved.peak;
+  out.tracked = true;
+
+  c10::cuda::CUDAGuard guard(index);
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  out.device_total_bytes = static_cast<int64_t>(total_bytes);
+  out.device_free_bytes = static_cast<int64_t>(free_bytes);
+  return out;
+}
+
+void cuda_reset_peak_memory_stats(int device_index) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_index));
+}
+
+void cuda_empty_cache() { c10::cuda::CUDACachingAllocator::emptyCache(); }
+
+void cuda_set_memory_fraction(int device_index, double fraction) {
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
+                                                     static_cast<c10::DeviceIndex>(device_index));
+}
+
+}  // namespace vlm::runtime::detail

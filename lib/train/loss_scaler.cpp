@@ -1,0 +1,107 @@
+#include "train/loss_scaler.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace vlm::train {
+namespace {
+
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& param : params) {
+    if (param.defined() && param.grad().defined()) grads.push_back(param.grad());
+  }
+  return grads;
+}
+
+// CUDA's fused kernel (one launch for all tensors) needs every tensor on one CUDA device; its
+// CPU kernel only exists from LibTorch 2.x, so CPU takes the per-tensor path below.
+bool fused_unscale_applies(const std::vector<at::Tensor>& grads) {
+  if (grads.empty() || !grads.front().is_cuda()) return false;
+  const auto device = grads.front().device();
+  return std::all_of(grads.begin(), grads.end(),
+                     [&](const at::Tensor& g) { return g.device() == device && !g.is_sparse(); });
+}
+
+}  // namespace
+
+bool any_non_finite(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> all_finite_flags;
+  all_finite_flags.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (t.defined() && t.numel() > 0) all_finite_flags.push_back(at::isfinite(t).all());
+  }
+  if (all_finite_flags.empty()) return false;
+  // One stack and one .item(): a single device-to-host sync for all tensors.
+  return !at::stack(all_finite_flags).all().item<bool>();
+}
+
+LossScaler::LossScaler(LossScalerOptions options) : options_(options), scale_(options.init_scale) {
+  if (!(options_.init_scale >= options_.min_scale) || !(options_.min_scale > 0.0) ||
+      !(options_.growth_factor > 1.0) || !(options_.backoff_factor > 0.0) ||
+      !(options_.backoff_factor < 1.0) || options_.growth_interval < 1) {
+    throw ConfigError(
+        "loss scaler: need init_scale >= min_scale > 0, growth_factor > 1, "
+        "0 < backoff_factor < 1 and growth_interval >= 1");
+  }
+}
+
+at::Tensor LossScaler::scale_loss(const at::Tensor& loss) const { return loss * scale_; }
+
+bool LossScaler::unscale_(const std::vector<at::Tensor>& params) const {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads = defined_grads(params);
+  const double inv_scale = 1.0 / scale_;
+  if (fused_unscale_applies(grads)) {
+    const auto float_options = grads.front().options().dtype(at::kFloat);
+    at::Tensor found_inf = at::zeros({1}, float_options);
+    const at::Tensor inv = at::full({1}, inv_scale, float_options);
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv);
+    return found_inf.item<float>() != 0.0f;
+  }
+  for (auto& grad : grads) grad.mul_(inv_scale);
+  return any_non_finite(grads);
+}
+
+void LossScaler::update(bool found_inf) {
+  if (found_inf) {
+    ++skipped_steps_;
+    growth_tracker_ = 0;
+    scale_ = std::max(options_.min_scale, scale_ * options_.backoff_factor);
+    return;
+  }
+  if (++growth_tracker_ >= options_.growth_interval) {
+    growth_tracker_ = 0;
+    // Growth stops where doubling would overflow a float scale (GradScaler keeps a float).
+    const double grown = scale_ * options_.growth_factor;
+    if (std::isfinite(static_cast<float>(grown))) scale_ = grown;
+  }
+}
+
+nlohmann::json LossScaler::state() const {
+  return {
+      {"scale", scale_}, {"growth_tracker", growth_tracker_}, {"skipped_steps", skipped_steps_}};
+}
+
+void LossScaler::load_state(const nlohmann::json& state) {
+  const bool shaped = state.is_object() && state.contains("scale") && state["scale"].is_number() &&
+                      state.contains("growth_tracker") &&
+                      state["growth_tracker"].is_number_integer() &&
+                      state.contains("skipped_steps") && state["skipped_steps"].is_number_integer();
+  if (!shaped || !(state["scale"].get<double>() > 0.0)) {
+    throw Error(ExitCode::kTrainingFailed,
+                "loss scaler state is malformed (want {\"scale\" > 0, \"growth_tracker\", "
+                "\"skipped_steps\"}): " +
+                    state.dump());
+  }
+  scale_ = state["scale"].get<double>();
+  growth_tracker_ = state["growth_tracker"].get<int64_t>();
+  skipped_steps_ = state["skipped_steps"].get<int64_t>();
+}
+
+}  // namespace vlm::train

@@ -1,0 +1,194 @@
+#include "train/optimizer.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+
+namespace vlm::train {
+namespace {
+
+constexpr const char* kLayoutKey = "vlm_group_layout";
+
+const ModulePrefix* module_of(const std::string& name, const std::vector<ModulePrefix>& prefixes) {
+  for (const auto& entry : prefixes) {
+    if (name.rfind(entry.prefix, 0) == 0) return &entry;
+  }
+  return nullptr;
+}
+
+std::string prefix_list(const std::vector<ModulePrefix>& prefixes) {
+  std::string list;
+  for (const auto& p : prefixes) list += (list.empty() ? "" : ", ") + p.prefix + " -> " + p.module;
+  return list;
+}
+
+// Parameter tensors in a fixed (group) order, split by group index.
+struct GroupMembers {
+  ParamGroupInfo info;
+  std::vector<torch::Tensor> tensors;
+};
+
+}  // namespace
+
+std::vector<ModulePrefix> default_module_prefixes() {
+  return {{"vision", "vision_encoder."}, {"projector", "MP."}, {"language", "decoder."}};
+}
+
+NamedParameters named_parameters_of(const torch::nn::Module& model) {
+  NamedParameters named;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    named.emplace_back(item.key(), item.value());
+  }
+  return named;
+}
+
+bool parameter_gets_weight_decay(const std::string& name, int64_t dim, bool decay_embeddings) {
+  if (dim < 2) return false;  // norm weights, biases, scalars
+  const bool is_embedding = name.find("embedding") != std::string::npos && dim != 4;
+  return !is_embedding || decay_embeddings;
+}
+
+GroupedAdamW::GroupedAdamW(const NamedParameters& named_parameters, GroupedAdamWOptions options)
+    : options_(std::move(options)) {
+  // Slot 2*m + (decay ? 0 : 1) for module m, so groups come out in prefix order, decay first.
+  std::vector<GroupMembers> slots(2 * options_.module_prefixes.size());
+  std::set<const void*> seen;
+  std::set<std::string> frozen_modules;
+  for (const auto& [name, tensor] : named_parameters) {
+    if (!tensor.defined() || !tensor.requires_grad()) continue;
+    if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;  // tied weight
+    const ModulePrefix* module = module_of(name, options_.module_prefixes);
+    if (module == nullptr) {
+      throw ConfigError("trainable parameter \"" + name + "\" belongs to no module (prefixes: " +
+                        prefix_list(options_.module_prefixes) + "); freeze it or add a prefix");
+    }
+    const auto lr = options_.peak_lr.find(module->module);
+    if (lr == options_.peak_lr.end()) {
+      throw ConfigError("no peak learning rate for module \"" + module->module +
+                        "\" (parameter \"" + name + "\")");
+    }
+    if (lr->second == 0.0) {
+      torch::NoGradGuard no_grad;
+      tensor.requires_grad_(false);
+      frozen_modules.insert(module->module);
+      continue;
+    }
+    const bool decay = parameter_gets_weight_decay(name, tensor.dim(), options_.decay_embeddings);
+    const size_t index =
+        2 * static_cast<size_t>(module - options_.module_prefixes.data()) + (decay ? 0 : 1);
+    GroupMembers& slot = slots[index];
+    slot.info.module = module->module;
+    slot.info.decay = decay;
+    slot.info.peak_lr = lr->second;
+    slot.info.names.push_back(name);
+    slot.info.numel += tensor.numel();
+    slot.tensors.push_back(tensor);
+  }
+  for (const auto& module : frozen_modules) {
+    spdlog::info("module {} has peak lr 0: frozen, not optimized", module);
+  }
+
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  for (auto& slot : slots) {
+    if (slot.tensors.empty()) continue;
+    auto group_options = std::make_unique<torch::optim::AdamWOptions>(slot.info.peak_lr);
+    group_options->betas(std::make_tuple(options_.beta1, options_.beta2))
+        .eps(options_.eps)
+        .weight_decay(slot.info.decay ? options_.weight_decay : 0.0);
+    param_groups.emplace_back(slot.tensors, std::move(group_options));
+    parameters_.insert(parameters_.end(), slot.tensors.begin(), slot.tensors.end());
+    groups_.push_back(std::move(slot.info));
+  }
+  if (groups_.empty()) {
+    throw ConfigError("nothing to train: every parameter is frozen or has a peak lr of 0");
+  }
+  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(param_groups));
+}
+
+void GroupedAdamW::set_lr_factor(double factor) {
+  auto& param_groups = optimizer_->param_groups();
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    param_groups[i].options().set_lr(groups_[i].peak_lr * factor);
+  }
+}
+
+std::map<std::string, double> GroupedAdamW::lr_by_module() const {
+  std::map<std::string, double> lr;
+  const auto& param_groups = optimizer_->param_groups();
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    lr[groups_[i].module] = param_groups[i].options().get_lr();
+  }
+  return lr;
+}
+
+void GroupedAdamW::zero_grad() { optimizer_->zero_grad(); }
+
+void GroupedAdamW::step() { optimizer_->step(); }
+
+std::string GroupedAdamW::layout_signature() const {
+  std::string signature;
+  for (const auto& group : groups_) {
+    signature += group.module + (group.decay ? ":decay:" : ":no_decay:");
+    for (const auto& name : group.names) signature += name + ",";
+    signature += ";";
+  }
+  return signature;
+}
+
+void GroupedAdamW::save(const std::filesystem::path& file) const {
+  try {
+    torch::serialize::OutputArchive archive;
+    optimizer_->save(archive);
+    archive.write(kLayoutKey, c10::IValue(layout_signature()));
+    archive.save_to(file.string());
+  } catch (const c10::Error& e) {
+    throw Error(ExitCode::kTrainingFailed, "cannot save the optimizer state to " + file.string() +
+                                               ": " + e.what_without_backtrace());
+  }
+}
+
+void GroupedAdamW::load(const std::filesystem::path& file) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(file.string());
+    c10::IValue layout;
+    if (!archive.try_read(kLayoutKey, layout) || !layout.isString() ||
+        layout.toStringRef() != layout_signature()) {
+      throw Error(ExitCode::kTrainingFailed,
+                  "optimizer state " + file.string() +
+                      " was saved for other parameter groups (modules, frozen parts or weight "
+                      "decay rules changed since); resume with the same model and optimizer "
+                      "settings, or start without its optimizer state");
+    }
+    optimizer_->load(archive);
+  } catch (const c10::Error& e) {
+    throw Error(ExitCode::kTrainingFailed, "cannot load the optimizer state from " + file.string() +
+                                               ": " + e.what_without_backtrace());
+  }
+}
+
+double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  std::vector<torch::Tensor> norms;
+  for (const auto& param : params) {
+    if (!param.defined() || !param.grad().defined()) continue;
+    grads.push_back(param.grad());
+    norms.push_back(at::linalg_vector_norm(param.grad(), 2, c10::nullopt, false, at::kFloat));
+  }
+  if (grads.empty()) return 0.0;
+  // sqrt(sum of squared per-tensor norms) = the norm of all gradients as one vector.
+  const double total_norm =
+      at::linalg_vector_norm(at::stack(norms), 2, c10::nullopt, false, at::kFloat).item<double>();
+  if (max_norm > 0.0 && std::isfinite(total_norm) && total_norm > max_norm) {
+    const double coef = max_norm / (total_norm + 1e-6);
+    for (auto& grad : grads) grad.mul_(coef);
+  }
+  return total_norm;
+}
+
+}  // namespace vlm::train

@@ -41,12 +41,15 @@ void Loader::produce() {
       if (!planned) break;
       Pending pending{planned->step, std::move(planned->plan), std::move(planned->cursor_after), {}};
       const auto& mine = pending.plan.micro_batches.at(static_cast<size_t>(options_.rank));
+      // A step is handed over whole, so the queue must hold at least one step.
+      const int64_t capacity =
+          std::max<int64_t>(options_.prefetch_batches, static_cast<int64_t>(mine.size()));
       for (const MicroBatch& micro : mine) {
-        // Wait for room: at most prefetch_batches micro-batches ahead of training.
+        // Wait for room: at most `capacity` micro-batches ahead of training.
         {
           std::unique_lock<std::mutex> lock(mutex_);
-          changed_.wait(lock, [this] {
-            return stopping_ || queued_batches_ < options_.prefetch_batches;
+          changed_.wait(lock, [this, capacity] {
+            return stopping_ || queued_batches_ < capacity;
           });
           if (stopping_) return;
           ++queued_batches_;

@@ -1,7 +1,7 @@
 // The rank-local half of the data pipeline: a planner thread runs the PlanningPipeline ahead
 // of training, and worker threads decode, resize, split and collate this rank's micro-batches
-// into HostBatches. At most `prefetch_batches` micro-batches wait, so host memory is bounded
-// (and reported). Steps come out in order; errors (e.g. too many bad samples) surface from
+// into HostBatches. At most `prefetch_batches` micro-batches (and never less than one step)
+// wait, so host memory is bounded (and reported). Steps come out in order; errors (e.g. too many bad samples) surface from
 // next() on the training thread.
 #pragma once
 

@@ -13,15 +13,29 @@ ModelSpec nanovlm_460m() {
   return s;  // the struct defaults are this preset
 }
 
-// nanoVLM-222M: SigLIP-B/16 at 512 px + SmolLM2-135M, pixel shuffle 4.
+// nanoVLM-222M: the model nanoVLM first shipped (May 2025, lusxvr/nanoVLM-222M): SigLIP-B/16
+// at 224 px (google/siglip-base-patch16-224: 196 patches, 85,797,120 parameters), pixel
+// shuffle 2 (49 image tokens per crop, projector 3072 -> 576) and SmolLM2-135M (576 hidden,
+// 30 layers, 9 heads, 3 KV heads, MLP 1536, rope_theta 100000, tied embeddings).
+// Source: huggingface/nanoVLM models/config.py of that release (vit_img_size 224,
+// mp_pixel_shuffle_factor 2, lm_* as above). The shipped checkpoint prepended the image
+// embeddings and had no extra tokens (lm_vocab_size 49152). nanoVLM's config after the
+// placeholder refactor (PR #82, May 2025) kept these dimensions and added one `<|image|>`
+// token (extra_token_amount 1, mp_image_token_length 49), which image-token placement needs;
+// this preset follows it: 49152 + 1 rows, 222,082,176 parameters (576 more than the
+// checkpoint, whose embedding loads into the first 49152 rows). No image splitting: it has no
+// grid tokens.
 ModelSpec nanovlm_222m() {
   ModelSpec s;
   s.preset = "nanovlm-222m";
+  s.vision.image_size = 224;
+  s.projector.pixel_shuffle = 2;
   s.language.hidden_size = 576;
   s.language.num_layers = 30;
   s.language.num_heads = 9;
   s.language.num_kv_heads = 3;
   s.language.mlp_size = 1536;
+  s.language.extra_tokens = 1;
   return s;
 }
 

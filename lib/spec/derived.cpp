@@ -39,13 +39,16 @@ int64_t projector_input_dim(const ModelSpec& spec) {
 // --- parameter counts --------------------------------------------------------------------
 namespace {
 
-int64_t linear_parameters(int64_t in, int64_t out, bool bias) { return in * out + (bias ? out : 0); }
+int64_t linear_parameters(int64_t in, int64_t out, bool bias) {
+  return in * out + (bias ? out : 0);
+}
 
 int64_t vision_block_parameters(const VisionSpec& v) {
   const int64_t d = v.hidden_size;
   const int64_t layer_norms = 2 * (2 * d);  // ln1, ln2: weight + bias each
   const int64_t attention = linear_parameters(d, 3 * d, true) + linear_parameters(d, d, true);
-  const int64_t mlp = linear_parameters(d, v.mlp_size, true) + linear_parameters(v.mlp_size, d, true);
+  const int64_t mlp =
+      linear_parameters(d, v.mlp_size, true) + linear_parameters(v.mlp_size, d, true);
   return layer_norms + attention + mlp;
 }
 
@@ -119,9 +122,10 @@ double vision_forward_flops_per_crop(const ModelSpec& spec) {
   const double patches = static_cast<double>(patches_per_crop(v));
   const double d = static_cast<double>(v.hidden_size);
   const double patch_embedding = 2.0 * 3.0 * static_cast<double>(v.patch_size * v.patch_size) * d;
-  const double block_matmul = 4.0 * d * d + 2.0 * d * static_cast<double>(v.mlp_size);  // qkv+out, fc1+fc2
-  const double per_patch = patch_embedding +
-                           static_cast<double>(v.num_layers) * (2.0 * block_matmul + 4.0 * d * patches);
+  const double block_matmul =
+      4.0 * d * d + 2.0 * d * static_cast<double>(v.mlp_size);  // qkv+out, fc1+fc2
+  const double per_patch = patch_embedding + static_cast<double>(v.num_layers) *
+                                                 (2.0 * block_matmul + 4.0 * d * patches);
   const double projector = 2.0 * static_cast<double>(projector_input_dim(spec)) *
                            static_cast<double>(spec.language.hidden_size) *
                            static_cast<double>(image_tokens_per_crop(spec));

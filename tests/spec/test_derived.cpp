@@ -97,18 +97,21 @@ TEST_CASE("spec_problems names every structural mismatch") {
 
   ModelSpec heads = spec;
   heads.vision.num_heads = 7;
-  REQUIRE(any_problem_mentions(heads, "model.vision.hidden_size (768) is not a multiple of "
-                                      "model.vision.num_heads (7)"));
+  REQUIRE(any_problem_mentions(heads,
+                               "model.vision.hidden_size (768) is not a multiple of "
+                               "model.vision.num_heads (7)"));
 
   ModelSpec kv = spec;
   kv.language.num_kv_heads = 4;
-  REQUIRE(any_problem_mentions(kv, "model.language.num_heads (15) is not a multiple of "
-                                   "model.language.num_kv_heads (4)"));
+  REQUIRE(any_problem_mentions(kv,
+                               "model.language.num_heads (15) is not a multiple of "
+                               "model.language.num_kv_heads (4)"));
 
   ModelSpec patch = spec;
   patch.vision.patch_size = 15;
-  REQUIRE(any_problem_mentions(patch, "model.vision.image_size (512) is not a multiple of "
-                                      "model.vision.patch_size (15)"));
+  REQUIRE(any_problem_mentions(patch,
+                               "model.vision.image_size (512) is not a multiple of "
+                               "model.vision.patch_size (15)"));
 
   ModelSpec shuffle = spec;
   shuffle.projector.pixel_shuffle = 3;

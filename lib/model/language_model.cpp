@@ -1,0 +1,158 @@
+#include "model/language_model.h"
+
+#include <torch/torch.h>
+
+#include "model/activation_checkpoint.h"
+#include "model/packed_attention.h"
+#include "spec/derived.h"
+
+namespace vlm::model {
+namespace {
+
+// nanoVLM's LanguageModel._init_weights: Linear and Embedding N(0, 0.02), RMSNorm 1.
+constexpr double kInitStd = 0.02;
+
+torch::nn::Linear init_linear(int64_t in, int64_t out) {
+  torch::nn::Linear linear(torch::nn::LinearOptions(in, out).bias(false));
+  torch::NoGradGuard no_grad;
+  linear->weight.normal_(0.0, kInitStd);
+  return linear;
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const auto halves = x.chunk(2, -1);
+  return torch::cat({-halves[1], halves[0]}, -1);
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({hidden_size}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor x32 = x.to(torch::kFloat);
+  const torch::Tensor normalized = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps_);
+  return normalized.to(x.scalar_type()) * weight.to(x.scalar_type());
+}
+
+RotaryEmbeddingImpl::RotaryEmbeddingImpl(int64_t head_dim, double base) {
+  const torch::Tensor exponents =
+      torch::arange(0, head_dim, 2, torch::kFloat) / static_cast<double>(head_dim);
+  inv_freq = register_buffer("inv_freq", 1.0 / torch::pow(base, exponents));
+}
+
+std::pair<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
+    const torch::Tensor& position_ids) {
+  const torch::Tensor angles =
+      position_ids.to(torch::kFloat).unsqueeze(-1) * inv_freq.to(torch::kFloat);  // [B, T, D/2]
+  const torch::Tensor repeated = torch::cat({angles, angles}, -1);
+  return {repeated.cos(), repeated.sin()};
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
+                           const torch::Tensor& sin) {
+  const torch::Tensor c = cos.unsqueeze(1).to(x.scalar_type());  // broadcast over heads
+  const torch::Tensor s = sin.unsqueeze(1).to(x.scalar_type());
+  return x * c + rotate_half(x) * s;
+}
+
+LanguageModelGroupedQueryAttentionImpl::LanguageModelGroupedQueryAttentionImpl(
+    const spec::LanguageSpec& spec)
+    : num_heads_(spec.num_heads),
+      num_kv_heads_(spec.num_kv_heads),
+      head_dim_(spec::language_head_dim(spec)) {
+  const int64_t d = spec.hidden_size, kv_width = head_dim_ * num_kv_heads_;
+  q_proj = register_module("q_proj", init_linear(d, d));
+  k_proj = register_module("k_proj", init_linear(d, kv_width));
+  v_proj = register_module("v_proj", init_linear(d, kv_width));
+  out_proj = register_module("out_proj", init_linear(d, d));
+}
+
+torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward(const torch::Tensor& x,
+                                                              const torch::Tensor& cos,
+                                                              const torch::Tensor& sin,
+                                                              const torch::Tensor& allowed) {
+  const int64_t batch = x.size(0), tokens = x.size(1);
+  const auto heads = [&](const torch::Tensor& t, int64_t count) {
+    return t.view({batch, tokens, count, head_dim_}).transpose(1, 2);
+  };
+  const torch::Tensor q = apply_rotary(heads(q_proj->forward(x), num_heads_), cos, sin);
+  const torch::Tensor k = apply_rotary(heads(k_proj->forward(x), num_kv_heads_), cos, sin);
+  const torch::Tensor v = heads(v_proj->forward(x), num_kv_heads_);
+  const torch::Tensor attended = multi_head_attention(q, k, v, allowed);
+  return out_proj->forward(
+      attended.transpose(1, 2).contiguous().view({batch, tokens, num_heads_ * head_dim_}));
+}
+
+LanguageModelMLPImpl::LanguageModelMLPImpl(const spec::LanguageSpec& spec) {
+  gate_proj = register_module("gate_proj", init_linear(spec.hidden_size, spec.mlp_size));
+  up_proj = register_module("up_proj", init_linear(spec.hidden_size, spec.mlp_size));
+  down_proj = register_module("down_proj", init_linear(spec.mlp_size, spec.hidden_size));
+}
+
+torch::Tensor LanguageModelMLPImpl::forward(const torch::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LanguageModelBlockImpl::LanguageModelBlockImpl(const spec::LanguageSpec& spec) {
+  mlp = register_module("mlp", LanguageModelMLP(spec));
+  attn = register_module("attn", LanguageModelGroupedQueryAttention(spec));
+  norm1 = register_module("norm1", RMSNorm(spec.hidden_size, spec.rms_norm_eps));
+  norm2 = register_module("norm2", RMSNorm(spec.hidden_size, spec.rms_norm_eps));
+}
+
+torch::Tensor LanguageModelBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                              const torch::Tensor& sin,
+                                              const torch::Tensor& allowed) {
+  const torch::Tensor h = x + attn->forward(norm1->forward(x), cos, sin, allowed);
+  return h + mlp->forward(norm2->forward(h));
+}
+
+LanguageModelImpl::LanguageModelImpl(const spec::LanguageSpec& spec) {
+  const int64_t rows = spec::language_vocab_rows(spec);
+  token_embedding =
+      register_module("token_embedding", torch::nn::Embedding(rows, spec.hidden_size));
+  rotary_embd = register_module("rotary_embd",
+                                RotaryEmbedding(spec::language_head_dim(spec), spec.rope_base));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < spec.num_layers; ++i) blocks->push_back(LanguageModelBlock(spec));
+  norm = register_module("norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps));
+  if (!spec.tie_embeddings) head = register_module("head", init_linear(spec.hidden_size, rows));
+  torch::NoGradGuard no_grad;
+  token_embedding->weight.normal_(0.0, kInitStd);
+}
+
+torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids) {
+  return token_embedding->forward(input_ids);
+}
+
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeddings,
+                                         const torch::Tensor& position_ids,
+                                         const torch::Tensor& allowed, bool checkpoint_blocks) {
+  const auto tables = rotary_embd->forward(position_ids);
+  const torch::Tensor cos = tables.first, sin = tables.second;
+  torch::Tensor x = embeddings;
+  for (const auto& module : *blocks) {
+    const auto block = std::dynamic_pointer_cast<LanguageModelBlockImpl>(module);
+    if (checkpoint_blocks) {
+      // The closure keeps cos/sin/allowed alive until backward; all blocks share them.
+      x = checkpointed([block, cos, sin, allowed](
+                           const torch::Tensor& h) { return block->forward(h, cos, sin, allowed); },
+                       x, block->parameters());
+    } else {
+      x = block->forward(x, cos, sin, allowed);
+    }
+  }
+  return norm->forward(x);
+}
+
+torch::Tensor LanguageModelImpl::head_weight() const {
+  return head ? head->weight : token_embedding->weight;
+}
+
+torch::Tensor LanguageModelImpl::logits(const torch::Tensor& hidden) {
+  return torch::matmul(hidden, head_weight().to(hidden.scalar_type()).t());
+}
+
+}  // namespace vlm::model

@@ -1,0 +1,76 @@
+// The nanoVLM-architecture VLM: ViT -> modality projector -> image embeddings written into
+// the image-token positions of the LM input -> decoder -> summed token losses.
+//
+// Module names are nanoVLM's (models/vision_language_model.py): `vision_encoder`, `decoder`,
+// `MP`, registered in that order, so named_parameters() yields nanoVLM's state_dict keys (see
+// vision_transformer.h, modality_projector.h, language_model.h for the full lists) and a
+// nanoVLM model.safetensors loads by name; the exceptions are the tied head (one name here:
+// decoder.token_embedding.weight) and the buffer decoder.rotary_embd.inv_freq.
+#pragma once
+
+#include <torch/nn.h>
+
+#include "model/language_model.h"
+#include "model/modality_projector.h"
+#include "model/model_options.h"
+#include "model/token_loss.h"
+#include "model/vision_transformer.h"
+#include "spec/model_spec.h"
+
+namespace vlm::model {
+
+// One micro-batch, as the collator builds it. B rows of T tokens, N crops.
+struct VlmBatch {
+  torch::Tensor input_ids;     // [B, T] int64
+  torch::Tensor position_ids;  // [B, T] int64, restarting at 0 for every packed sample
+  torch::Tensor cu_seqlens;    // 1-D int64 boundaries over the flat B*T tokens, row starts
+                               // included (format: packed_attention.h)
+  torch::Tensor crops;         // [N, 3, S, S] float, normalised; undefined or N = 0: no images
+  // [N * image_tokens_per_crop] int64: flat positions in B*T that receive the image
+  // embeddings, crop by crop, each crop's tokens in pixel-shuffle order.
+  torch::Tensor image_token_index;
+  torch::Tensor labels;  // [B, T] int64 targets aligned with positions; -100 = no loss
+};
+
+struct VlmOutput {
+  torch::Tensor loss_sum;           // fp32 scalar: summed cross-entropy (not averaged)
+  torch::Tensor supervised_tokens;  // int64 scalar: labels != -100 in this batch
+  torch::Tensor logits;             // [B, T, vocab_rows] when requested, else undefined
+};
+
+class VisionLanguageModelImpl : public torch::nn::Module {
+ public:
+  explicit VisionLanguageModelImpl(const spec::ModelSpec& spec, const ModelOptions& options = {});
+
+  VlmOutput forward(const VlmBatch& batch, bool return_logits = false);
+
+  // The pieces of forward, for tests, generation and evaluation:
+  // crops [N, 3, S, S] -> image embeddings [N, image_tokens_per_crop, lm_hidden]
+  // (vision_chunk_crops crops at a time).
+  torch::Tensor encode_crops(const torch::Tensor& crops);
+  // Token embeddings [B, T, d] with the image embeddings written at image_token_index.
+  torch::Tensor input_embeddings(const VlmBatch& batch);
+  // The LM part of forward from given input embeddings (batch supplies positions,
+  // cu_seqlens, labels).
+  VlmOutput forward_embeddings(const torch::Tensor& embeddings, const VlmBatch& batch,
+                               bool return_logits = false);
+
+  const spec::ModelSpec& spec() const { return spec_; }
+  const ModelOptions& options() const { return options_; }
+  // Checkpointing, chunking and loss chunking may change between steps (the OOM guard
+  // tightens them); freezing and dtypes are fixed at construction.
+  void set_runtime_options(const ModelOptions& options);
+
+  ViT vision_encoder{nullptr};
+  LanguageModel decoder{nullptr};
+  ModalityProjector MP{nullptr};
+
+ private:
+  void freeze(torch::nn::Module& module);
+
+  spec::ModelSpec spec_;
+  ModelOptions options_;
+};
+TORCH_MODULE(VisionLanguageModel);
+
+}  // namespace vlm::model

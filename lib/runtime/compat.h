@@ -1,0 +1,146 @@
+// The one place where LibTorch versions differ (Debian's 1.13 on CI, CUDA 2.x on clusters).
+// Everything version-dependent is an inline function or alias here, selected by
+// TORCH_VERSION_MAJOR / TORCH_VERSION_MINOR from <torch/version.h>; the rest of the code calls
+// these and compiles unchanged against both. Header-only, so the model layer (below runtime)
+// can use it without linking vlm_runtime.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#if defined(VLM_WITH_CUDA)
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+#define VLM_TORCH_VERSION_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||              \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace vlm::runtime::compat {
+
+// --- allocator ----------------------------------------------------------------------------
+// c10::Allocator::allocate is `const` up to 2.2 and non-const from 2.3. An allocator
+// subclass declares `at::DataPtr allocate(size_t n) VLM_ALLOCATE_CONST override;`.
+#if VLM_TORCH_VERSION_AT_LEAST(2, 3)
+#define VLM_ALLOCATE_CONST
+#else
+#define VLM_ALLOCATE_CONST const
+#endif
+
+// --- autocast -----------------------------------------------------------------------------
+// 1.13 .. 2.3: per-device functions (is_enabled = CUDA, is_cpu_enabled, get_autocast_gpu_dtype
+// ...). 2.4 deprecates them for is_autocast_enabled(device_type) / get_autocast_dtype(...).
+
+struct AutocastState {
+  bool cpu_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  bool cuda_enabled = false;
+  at::ScalarType cuda_dtype = at::kHalf;
+};
+
+inline AutocastState autocast_state() {
+  AutocastState s;
+#if VLM_TORCH_VERSION_AT_LEAST(2, 4)
+  s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+  s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+  s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+#else
+  s.cpu_enabled = at::autocast::is_cpu_enabled();
+  s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
+  s.cuda_enabled = at::autocast::is_enabled();
+  s.cuda_dtype = at::autocast::get_autocast_gpu_dtype();
+#endif
+  return s;
+}
+
+inline void set_autocast_state(const AutocastState& s) {
+#if VLM_TORCH_VERSION_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, s.cpu_enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, s.cpu_dtype);
+  at::autocast::set_autocast_enabled(at::kCUDA, s.cuda_enabled);
+  at::autocast::set_autocast_dtype(at::kCUDA, s.cuda_dtype);
+#else
+  at::autocast::set_cpu_enabled(s.cpu_enabled);
+  at::autocast::set_autocast_cpu_dtype(s.cpu_dtype);
+  at::autocast::set_enabled(s.cuda_enabled);
+  at::autocast::set_autocast_gpu_dtype(s.cuda_dtype);
+#endif
+}
+
+// --- RNG state ----------------------------------------------------------------------------
+// What activation checkpointing must replay: the CPU generator and, for CUDA inputs, the
+// generator of the input's device (the same across versions; CUDA only when Torch has it).
+
+struct RngState {
+  at::Tensor cpu;
+  at::Tensor cuda;  // undefined unless the state was taken for a CUDA device
+  c10::DeviceIndex cuda_index = -1;
+};
+
+inline at::Tensor generator_state(const at::Generator& generator) {
+  at::Generator g = generator;
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+
+inline void set_generator_state(const at::Generator& generator, const at::Tensor& state) {
+  at::Generator g = generator;
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(state);
+}
+
+inline RngState rng_state(const at::Device& device) {
+  RngState s;
+  s.cpu = generator_state(at::detail::getDefaultCPUGenerator());
+#if defined(VLM_WITH_CUDA)
+  if (device.is_cuda()) {
+    s.cuda_index = device.has_index() ? device.index() : 0;
+    s.cuda = generator_state(at::cuda::detail::getDefaultCUDAGenerator(s.cuda_index));
+  }
+#endif
+  return s;
+}
+
+inline void set_rng_state(const RngState& s) {
+  set_generator_state(at::detail::getDefaultCPUGenerator(), s.cpu);
+#if defined(VLM_WITH_CUDA)
+  if (s.cuda.defined()) {
+    set_generator_state(at::cuda::detail::getDefaultCUDAGenerator(s.cuda_index), s.cuda);
+  }
+#endif
+}
+
+// --- attention ----------------------------------------------------------------------------
+// softmax(q k^T / sqrt(head_dim) + mask) v over q, k, v of shape [B, H, T, head_dim] (equal
+// heads: repeat GQA's key/value heads first). `allowed` is a boolean mask broadcastable to
+// [B, H, T, T], true where a query may attend to a key, or undefined for full attention.
+// Every query must be allowed at least one key (itself, in our uses).
+//
+// >= 2.0: at::scaled_dot_product_attention (fused / memory-efficient kernels; its default
+// scale is 1/sqrt(head_dim)). 1.13: the math path, with the softmax in fp32 so that bf16
+// inputs give the same probabilities on every device.
+inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& v, const at::Tensor& allowed) {
+#if TORCH_VERSION_MAJOR >= 2
+  const c10::optional<at::Tensor> mask =
+      allowed.defined() ? c10::optional<at::Tensor>(allowed) : c10::nullopt;
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false);
+#else
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  if (allowed.defined()) {
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor probabilities = at::softmax(scores, -1, at::kFloat).to(v.scalar_type());
+  return at::matmul(probabilities, v);
+#endif
+}
+
+}  // namespace vlm::runtime::compat

@@ -1,0 +1,75 @@
+// Packed rows behave exactly like separate samples: block-diagonal causal attention from
+// cu_seqlens, positions restarting per sample.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include "model/model_fixtures.h"
+#include "model/packed_attention.h"
+
+using namespace vlm;
+
+CATCH_TEST_CASE("segment ids and the block-diagonal causal mask from cu_seqlens") {
+  const torch::Tensor cu = torch::tensor({0, 3, 4, 6, 8}, torch::kLong);  // rows of 4
+  const torch::Tensor segments = model::segment_ids(cu, 2, 4);
+  CATCH_CHECK(torch::equal(segments, torch::tensor({0, 0, 0, 1, 2, 2, 3, 3}).view({2, 4})));
+  const torch::Tensor mask = model::packed_causal_mask(cu, 2, 4);
+  CATCH_CHECK(mask.sizes() == torch::IntArrayRef({2, 1, 4, 4}));
+  const torch::Tensor row0 = torch::tensor({1, 0, 0, 0,  //
+                                            1, 1, 0, 0,  //
+                                            1, 1, 1, 0,  //
+                                            0, 0, 0, 1})
+                                 .to(torch::kBool)
+                                 .view({4, 4});
+  CATCH_CHECK(torch::equal(mask[0][0], row0));
+  const torch::Tensor row1 =
+      torch::tensor({1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1}).to(torch::kBool).view({4, 4});
+  CATCH_CHECK(torch::equal(mask[1][0], row1));
+}
+
+CATCH_TEST_CASE("invalid cu_seqlens are rejected with a reason") {
+  const auto rejects = [](std::vector<int64_t> cu, const std::string& reason) {
+    CATCH_INFO(reason);
+    CATCH_CHECK_THROWS_WITH(model::segment_ids(torch::tensor(cu, torch::kLong), 2, 4),
+                            Catch::Contains(reason));
+  };
+  rejects({0, 3, 8, 7}, "must start at 0 and end at B * T = 8");
+  rejects({1, 4, 8}, "must start at 0");
+  rejects({0, 4, 4, 8}, "strictly increasing");
+  rejects({0, 3, 8}, "may not span two rows");
+  rejects({0}, "at least 2 entries");
+}
+
+CATCH_TEST_CASE("a pack of three samples gives each sample's own logits") {
+  auto model = test::tiny_model();
+  torch::NoGradGuard no_grad;
+  const auto& spec = model->spec();
+  const auto samples = test::three_samples(spec);
+  const auto packed = model->forward(test::packed_batch(spec, samples), true).logits;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    CATCH_INFO("sample " << i);
+    const auto alone = model->forward(test::single_batch(spec, samples[i]), true).logits[0];
+    const auto [row, offset] = test::pack_layout()[i];
+    const auto slice = packed[row].narrow(0, offset, samples[i].ids.size(0));
+    CATCH_CHECK((slice - alone).abs().max().item<double>() < 1e-5);
+  }
+}
+
+CATCH_TEST_CASE("a packed sample's outputs have exactly zero gradient outside it") {
+  auto model = test::tiny_model();
+  const auto& spec = model->spec();
+  const auto samples = test::three_samples(spec);
+  const auto batch = test::packed_batch(spec, samples);
+  const torch::Tensor embeddings = model->input_embeddings(batch).detach().requires_grad_(true);
+  const auto logits = model->forward_embeddings(embeddings, batch, true).logits;
+  // Any function of sample 1's logits (row 0, tokens 20..29).
+  torch::manual_seed(5);
+  const auto weights = torch::randn({10, logits.size(-1)});
+  (logits[0].narrow(0, 20, 10) * weights).sum().backward();
+
+  const torch::Tensor grad = embeddings.grad();
+  const torch::Tensor inside = grad[0].narrow(0, 20, 10);
+  CATCH_CHECK(inside.abs().sum().item<double>() > 0);
+  const torch::Tensor outside_mask = torch::ones({2, 32}, torch::kBool);
+  outside_mask[0].narrow(0, 20, 10).fill_(false);
+  CATCH_CHECK(grad.index({outside_mask}).abs().max().item<double>() == 0.0);
+}

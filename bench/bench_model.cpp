@@ -8,19 +8,16 @@
 //
 // Usage: bench_model                      the default table (see main)
 //        bench_model PRESET [VIT_LAYERS LM_LAYERS [REPS]]   one model, plain and checkpointed
-#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "model/vision_language_model.h"
-#include "runtime/compat.h"
+#include "runtime/tracking_allocator.h"
 #include "spec/derived.h"
 
 namespace {
@@ -29,70 +26,7 @@ using vlm::model::ModelOptions;
 using vlm::model::VisionLanguageModel;
 using vlm::model::VlmBatch;
 
-// Counts live and peak bytes of every CPU allocation; frees through the wrapped allocator.
-// Its DataPtrs carry the data pointer as context (some kernels, e.g. mkldnn, require a raw
-// deleter), so allocations are looked up by address on release.
-class TrackingAllocator final : public c10::Allocator {
- public:
-  explicit TrackingAllocator(c10::Allocator* base) : base_(base) { instance_ = this; }
-
-  c10::DataPtr allocate(size_t bytes) VLM_ALLOCATE_CONST override {
-    c10::DataPtr inner = base_->allocate(bytes);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (data != nullptr) blocks_.emplace(data, Block{std::move(inner), bytes});
-    live_ += static_cast<int64_t>(bytes);
-    peak_ = std::max(peak_, live_);
-    return {data, data, &release, device};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-#if VLM_TORCH_VERSION_AT_LEAST(2, 3)
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#endif
-
-  int64_t live_bytes() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return live_;
-  }
-  int64_t peak_bytes() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return peak_;
-  }
-  void reset_peak() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    peak_ = live_;
-  }
-
- private:
-  struct Block {
-    c10::DataPtr inner;
-    size_t bytes;
-  };
-  static void release(void* data) {
-    c10::DataPtr inner;  // freed after the lock is released
-    {
-      std::lock_guard<std::mutex> lock(instance_->mutex_);
-      auto it = instance_->blocks_.find(data);
-      if (it == instance_->blocks_.end()) return;
-      instance_->live_ -= static_cast<int64_t>(it->second.bytes);
-      inner = std::move(it->second.inner);
-      instance_->blocks_.erase(it);
-    }
-  }
-
-  static TrackingAllocator* instance_;
-  c10::Allocator* base_;
-  mutable std::mutex mutex_;
-  mutable std::unordered_map<void*, Block> blocks_;
-  mutable int64_t live_ = 0;
-  mutable int64_t peak_ = 0;
-};
-TrackingAllocator* TrackingAllocator::instance_ = nullptr;
-
-TrackingAllocator* tracker = nullptr;
+vlm::runtime::TrackingAllocator* tracker = nullptr;
 
 constexpr int64_t kPackTokens = 4096, kSamples = 8;
 
@@ -171,9 +105,7 @@ void run(const std::string& preset, int64_t vision_layers, int64_t language_laye
 }  // namespace
 
 int main(int argc, char** argv) {
-  static TrackingAllocator allocator(c10::GetCPUAllocator());
-  c10::SetCPUAllocator(&allocator, /*priority=*/100);
-  tracker = &allocator;
+  tracker = &vlm::runtime::install_cpu_tracking_allocator();
   torch::set_num_threads(2);
   std::printf("LibTorch %d.%d, %d threads, pack of %lld tokens (%lld samples, 1 crop each)\n",
               TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, torch::get_num_threads(),

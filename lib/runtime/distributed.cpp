@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include <torch/csrc/utils/tensor_flatten.h>
-#include "runtime/compat_runtime.h"
+#include "runtime/compat.h"
 #if VLM_TORCH_AT_LEAST(2, 0)
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/dist_env.h"
-#include "runtime/compat_runtime.h"
+#include "runtime/compat.h"
 
 namespace c10d {
 class Store;

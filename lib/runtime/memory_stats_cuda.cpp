@@ -10,7 +10,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
-#include "runtime/compat_runtime.h"
+#include "runtime/compat.h"
 
 namespace vlm::runtime::detail {
 

@@ -5,7 +5,10 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>
+#include <array>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <string>
 
 namespace vlm::runtime {
@@ -18,11 +21,51 @@ constexpr uint8_t kTrackingAllocatorPriority = 100;
 
 }  // namespace
 
-struct TrackingAllocator::Allocation {
+namespace {
+
+// Live allocations by data pointer, sharded so concurrent threads rarely share a lock.
+struct Allocation {
   c10::DataPtr wrapped;
-  int64_t n_bytes;
-  const TrackingAllocator* owner;
+  int64_t n_bytes = 0;
+  std::atomic<int64_t>* live_bytes = nullptr;  // the owner's counter
 };
+
+class AllocationTable {
+ public:
+  void insert(void* data, Allocation allocation) {
+    Shard& shard = shard_of(data);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    shard.allocations.emplace(data, std::move(allocation));
+  }
+  // Removes and returns the allocation (its DataPtr frees the memory when it goes away).
+  std::optional<Allocation> take(void* data) {
+    Shard& shard = shard_of(data);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    const auto it = shard.allocations.find(data);
+    if (it == shard.allocations.end()) return std::nullopt;
+    Allocation allocation = std::move(it->second);
+    shard.allocations.erase(it);
+    return allocation;
+  }
+
+ private:
+  struct Shard {
+    std::mutex mutex;
+    std::unordered_map<void*, Allocation> allocations;
+  };
+  Shard& shard_of(void* data) {
+    return shards_[(reinterpret_cast<uintptr_t>(data) >> 6) % shards_.size()];
+  }
+  std::array<Shard, 16> shards_;
+};
+
+// Never destroyed: tensors in static objects are released after main() returns.
+AllocationTable& allocation_table() {
+  static auto* table = new AllocationTable();
+  return *table;
+}
+
+}  // namespace
 
 TrackingAllocator::TrackingAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {
   TORCH_CHECK(wrapped_ != nullptr, "TrackingAllocator needs an allocator to wrap");
@@ -39,28 +82,29 @@ c10::DataPtr TrackingAllocator::allocate(size_t n_bytes) VLM_ALLOCATOR_ALLOCATE_
     live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
     refuse(bytes, live_before, cap);
   }
-  auto* allocation = new Allocation{c10::DataPtr(), bytes, this};
+  c10::DataPtr wrapped;
   try {
-    allocation->wrapped = wrapped_->allocate(n_bytes);
+    wrapped = wrapped_->allocate(n_bytes);
   } catch (...) {
     live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
-    delete allocation;
     throw;
   }
   on_allocated(live_before + bytes);
-  void* data = allocation->wrapped.get();
-  const c10::Device device = allocation->wrapped.device();
-  return c10::DataPtr(data, allocation, &TrackingAllocator::release, device);
+  void* data = wrapped.get();
+  const c10::Device device = wrapped.device();
+  allocation_table().insert(data, Allocation{std::move(wrapped), bytes, &live_bytes_});
+  return c10::DataPtr(data, data, &TrackingAllocator::release, device);
 }
 
 void TrackingAllocator::copy_data(void* dest, const void* src, std::size_t count_bytes) const {
   std::memcpy(dest, src, count_bytes);  // CPU memory: what the default allocator does too
 }
 
-void TrackingAllocator::release(void* context) {
-  auto* allocation = static_cast<Allocation*>(context);
-  allocation->owner->live_bytes_.fetch_sub(allocation->n_bytes, std::memory_order_relaxed);
-  delete allocation;  // frees the memory through the wrapped DataPtr's own deleter
+void TrackingAllocator::release(void* data) {
+  std::optional<Allocation> allocation = allocation_table().take(data);
+  if (!allocation) return;
+  allocation->live_bytes->fetch_sub(allocation->n_bytes, std::memory_order_relaxed);
+  // Leaving scope frees the memory through the wrapped DataPtr's own deleter.
 }
 
 void TrackingAllocator::on_allocated(int64_t live_after) const {

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "runtime/compat_runtime.h"
+#include "runtime/compat.h"
 
 namespace vlm::runtime {
 
@@ -27,6 +27,9 @@ class TrackingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n_bytes) VLM_ALLOCATOR_ALLOCATE_CONST override;
   // Pure virtual from LibTorch 2.3 (no `override`: on 1.13 it is a plain member).
   void copy_data(void* dest, const void* src, std::size_t count_bytes) const;
+  // Some kernels (oneDNN through raw_allocate) free by data pointer alone: the DataPtrs this
+  // allocator returns carry the data pointer as their context, so this deleter can serve both.
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
   void set_cap_bytes(int64_t cap_bytes);  // cap_bytes >= 0
   void clear_cap();
@@ -42,8 +45,7 @@ class TrackingAllocator final : public c10::Allocator {
   c10::Allocator* wrapped() const { return wrapped_; }
 
  private:
-  struct Allocation;  // deleter context: the wrapped DataPtr and its size
-  static void release(void* context);
+  static void release(void* data);  // looks the allocation up by its data pointer
   void on_allocated(int64_t n_bytes) const;
   [[noreturn]] void refuse(int64_t n_bytes, int64_t live_bytes, int64_t cap_bytes) const;
 

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The main job on its built-in default, on a fresh Debian bookworm machine: dependencies,
-# build, then the demo config. Extra arguments are passed to vlmtrain (e.g. --set ...).
+# The main job on its built-in default, on a fresh Debian bookworm machine: install the
+# dependencies, build, write the demo dataset on first use, and train the tiny model on it
+# (configs/demo.yaml, CPU, a few minutes). Extra arguments go to `vlmtrain train`
+# (e.g. --set train.max_steps=50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
-./build/vlmtrain config --config configs/demo.yaml "$@"
+if [ ! -f data/demo/train.jsonl ]; then
+  ./build/vlmtrain make-demo-data --out data/demo >/dev/null
+  echo "demo: wrote data/demo (train.jsonl, val.jsonl, images/)"
+fi
+./build/vlmtrain train --config configs/demo.yaml "$@"

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/strings.h"
 #include "runtime/torch_info.h"
+#include "runtime/tracking_allocator.h"
 #include "vlm/build_info.h"
 
 namespace {
@@ -47,6 +48,8 @@ void reject_unknown_subcommand(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace vlm::app;
+  // First, so every tensor is counted (tracked peak memory, memory.simulate_device_bytes).
+  vlm::runtime::install_cpu_tracking_allocator();
   GlobalOptions global;
   for (int i = 0; i < argc; ++i) global.command_line += (i ? " " : "") + std::string(argv[i]);
 
@@ -68,6 +71,8 @@ int main(int argc, char** argv) {
       add_make_demo_data_command(app, global),
       add_inspect_batches_command(app, global),
       add_tokenize_command(app, global),
+      add_train_command(app, global),
+      add_model_info_command(app, global),
   };
   for (auto& c : commands) c.app->fallthrough();
 

@@ -30,6 +30,7 @@ struct ModelConfig {
   bool freeze_projector = false;
   bool freeze_language = false;
   std::string frozen_dtype = "fp32";
+  int64_t loss_chunk_tokens = 0;
 };
 
 template <class V>
@@ -80,6 +81,7 @@ void visit_fields(V& v, ModelConfig& c) {
   v.field(c.freeze_projector, "freeze_projector", "Do not train the projector.");
   v.field(c.freeze_language, "freeze_language", "Do not train the language model.");
   v.field(c.frozen_dtype, "frozen_dtype", "Storage dtype of frozen modules.", Choices{{"fp32", "bf16"}});
+  v.field(c.loss_chunk_tokens, "loss_chunk_tokens", "Compute the loss over at most this many supervised tokens at a time (bounds the logits' memory); 0 = all at once.", IntRange{0, 1 << 24});
 }
 
 // --- data -------------------------------------------------------------------------------
@@ -183,7 +185,9 @@ struct TrainConfig {
   std::string precision = "bf16";
   int64_t seed = 0;
   int64_t eval_every = 0;
-  int64_t eval_batches = 16;
+  int64_t eval_generate = 16;
+  int64_t max_new_tokens = 16;
+  int64_t max_nonfinite_steps = 5;
   int64_t threads = 0;
   std::string device = "auto";
 };
@@ -206,7 +210,9 @@ void visit_fields(V& v, TrainConfig& c) {
   v.field(c.precision, "precision", "Compute precision (master weights stay fp32).", Choices{{"bf16", "fp16", "fp32"}});
   v.field(c.seed, "seed", "Seed of initialisation, data order and packing.", IntRange{0, INT64_MAX});
   v.field(c.eval_every, "eval_every", "Validation every N steps; 0 = only at the end.", IntRange{0, INT64_MAX});
-  v.field(c.eval_batches, "eval_batches", "Validation micro-batches per evaluation.", IntRange{1, 1 << 20});
+  v.field(c.eval_generate, "eval_generate", "Validation questions answered by greedy generation at each evaluation (exact-match accuracy); all of them at the end of training.", IntRange{0, 1 << 20});
+  v.field(c.max_new_tokens, "max_new_tokens", "Longest generated answer, in tokens.", IntRange{1, 4096});
+  v.field(c.max_nonfinite_steps, "max_nonfinite_steps", "Consecutive steps with a non-finite loss or gradient (skipped) before the run fails.", IntRange{1, 1 << 20});
   v.field(c.threads, "threads", "CPU threads for LibTorch; 0 = all cores.", IntRange{0, 4096});
   v.field(c.device, "device", "Where to train: auto (CUDA when available), cpu or cuda.", Choices{{"auto", "cpu", "cuda"}});
 }

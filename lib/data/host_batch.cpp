@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "data/image_decode.h"
 
@@ -50,6 +51,8 @@ HostBatch collate_host_batch(const MicroBatch& micro,
     for (const auto& item : pack.items) b.sample_ids.push_back(item.sample_id);
   }
   b.row_length = round_up(std::max<int64_t>(b.row_length, 1), 8);
+  b.source = micro;
+  b.source_samples = samples;
   const bool with_tokens = !samples.empty() && samples.front() != nullptr;
   if (!with_tokens) {
     b.supervised_tokens = micro.shape.supervised;
@@ -106,6 +109,55 @@ HostBatch collate_host_batch(const MicroBatch& micro,
     if (b.labels[i] != kIgnoreLabel) ++b.supervised_tokens;
   }
   return b;
+}
+
+namespace {
+
+MicroBatch micro_batch_of(std::vector<Pack> packs, const MicroBatch& like) {
+  MicroBatch m;
+  m.packs = std::move(packs);
+  for (const Pack& p : m.packs) m.shape.add(p);
+  m.cost = like.cost * (like.shape.tokens > 0 ? static_cast<double>(m.shape.tokens) / like.shape.tokens : 0.5);
+  return m;
+}
+
+}  // namespace
+
+std::optional<std::pair<MicroBatch, MicroBatch>> split_micro_batch(const MicroBatch& micro) {
+  if (micro.packs.size() >= 2) {
+    const auto half = micro.packs.begin() + static_cast<std::ptrdiff_t>((micro.packs.size() + 1) / 2);
+    return std::make_pair(micro_batch_of({micro.packs.begin(), half}, micro),
+                          micro_batch_of({half, micro.packs.end()}, micro));
+  }
+  if (micro.packs.size() == 1 && micro.packs[0].items.size() >= 2) {
+    const auto& items = micro.packs[0].items;
+    Pack first, second;
+    const size_t half = (items.size() + 1) / 2;
+    for (size_t i = 0; i < items.size(); ++i) (i < half ? first : second).add(items[i]);
+    return std::make_pair(micro_batch_of({first}, micro), micro_batch_of({second}, micro));
+  }
+  return std::nullopt;
+}
+
+std::optional<std::pair<HostBatch, HostBatch>> split_host_batch(const HostBatch& batch,
+                                                                const CollateOptions& options) {
+  const auto halves = split_micro_batch(batch.source);
+  if (!halves) return std::nullopt;
+  // The samples of each half, in item order (they follow the source's order).
+  std::map<uint64_t, std::shared_ptr<const BuiltSample>> by_id;
+  size_t k = 0;
+  for (const Pack& p : batch.source.packs) {
+    for (const PackItem& item : p.items) by_id[item.sample_id] = batch.source_samples.at(k++);
+  }
+  auto samples_of = [&by_id](const MicroBatch& m) {
+    std::vector<std::shared_ptr<const BuiltSample>> out;
+    for (const Pack& p : m.packs) {
+      for (const PackItem& item : p.items) out.push_back(by_id.at(item.sample_id));
+    }
+    return out;
+  };
+  return std::make_pair(collate_host_batch(halves->first, samples_of(halves->first), options),
+                        collate_host_batch(halves->second, samples_of(halves->second), options));
 }
 
 }  // namespace vlm::data

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,10 @@ struct HostBatch {
   int64_t undecodable_images = 0;  // replaced by blank crops; their samples carry no loss
   std::vector<uint64_t> sample_ids;
 
+  // Where the batch came from, so it can be split and collated again after an OOM.
+  MicroBatch source;
+  std::vector<std::shared_ptr<const BuiltSample>> source_samples;
+
   int64_t padding_tokens() const { return rows * row_length - tokens; }
 };
 
@@ -56,5 +62,14 @@ struct CollateOptions {
 HostBatch collate_host_batch(const MicroBatch& micro,
                              const std::vector<std::shared_ptr<const BuiltSample>>& samples,
                              const CollateOptions& options);
+
+// Splits a micro-batch in two for OOM recovery: its packs in halves, or a single pack's
+// samples into two packs (each sample still attends only to itself, so the loss is the same).
+// nullopt when it is one sample and cannot be split.
+std::optional<std::pair<MicroBatch, MicroBatch>> split_micro_batch(const MicroBatch& micro);
+
+// The two halves of `batch`, collated again from its source (see split_micro_batch).
+std::optional<std::pair<HostBatch, HostBatch>> split_host_batch(const HostBatch& batch,
+                                                                const CollateOptions& options);
 
 }  // namespace vlm::data

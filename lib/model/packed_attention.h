@@ -20,8 +20,10 @@ torch::Tensor segment_ids(const torch::Tensor& cu_seqlens, int64_t batch, int64_
 torch::Tensor packed_causal_mask(const torch::Tensor& cu_seqlens, int64_t batch, int64_t seq_len);
 
 // Multi-head attention of q [B, Hq, T, D] over k, v [B, Hkv, T, D] (Hq a multiple of Hkv:
-// grouped-query attention, query head h reads key/value head h / (Hq / Hkv)). `allowed` as
-// from packed_causal_mask, or undefined for full bidirectional attention (the ViT).
+// grouped-query attention, query head h reads key/value head h / (Hq / Hkv)). `allowed` is
+// either the 1-D cu_seqlens (causal attention computed segment by segment: O(sum len^2), what
+// the language model uses), a boolean mask as from packed_causal_mask (the same result at
+// O(T^2)), or undefined for full bidirectional attention (the ViT).
 // Returns [B, Hq, T, D]. The LibTorch-version-specific kernel is in runtime/compat.h.
 torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, const torch::Tensor& allowed);

@@ -96,8 +96,10 @@ VlmOutput VisionLanguageModelImpl::forward_embeddings(const torch::Tensor& embed
   const int64_t rows = batch.input_ids.size(0), seq_len = batch.input_ids.size(1);
   require_shape(batch.position_ids, "position_ids", {rows, seq_len});
   require_shape(batch.labels, "labels", {rows, seq_len});
-  const torch::Tensor allowed =
-      packed_causal_mask(batch.cu_seqlens.to(embeddings.device()), rows, seq_len);
+  // Attention runs per sample from the boundaries (see multi_head_attention); they are checked
+  // once here, as the mask's construction would.
+  segment_ids(batch.cu_seqlens, rows, seq_len);
+  const torch::Tensor allowed = batch.cu_seqlens.to(torch::kCPU, torch::kLong);
   const torch::Tensor hidden =
       decoder->forward(embeddings.to(module_dtype(*decoder)), batch.position_ids, allowed,
                        options_.checkpoint_language);

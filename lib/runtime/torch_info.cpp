@@ -16,6 +16,11 @@ bool cuda_available() { return torch::cuda::is_available(); }
 
 int cuda_device_count() { return cuda_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 
+#if !defined(VLM_WITH_CUDA)
+// CUDA builds define this in torch_info_cuda.cpp.
+std::string cuda_device_name(const c10::Device&) { return ""; }
+#endif
+
 int configure_threads(int requested) {
   int threads = requested;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

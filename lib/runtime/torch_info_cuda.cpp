@@ -1,0 +1,14 @@
+// CUDA-only parts of torch_info.h (compiled only when LibTorch has CUDA).
+#include <ATen/cuda/CUDAContext.h>
+
+#include "runtime/torch_info.h"
+
+namespace vlm::runtime {
+
+std::string cuda_device_name(const c10::Device& device) {
+  if (!device.is_cuda()) return "";
+  const int index = device.has_index() ? device.index() : 0;
+  return at::cuda::getDeviceProperties(index)->name;
+}
+
+}  // namespace vlm::runtime

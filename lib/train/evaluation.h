@@ -1,0 +1,53 @@
+// Evaluation on the held-out split: the validation loss (summed token losses / supervised
+// tokens over every rank), and greedy answers to validation questions with their exact-match
+// accuracy against the dataset's answers.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "data/data_setup.h"
+#include "model/vision_language_model.h"
+#include "runtime/distributed.h"
+#include "train/precision.h"
+
+namespace vlm::train {
+
+struct GeneratedAnswer {
+  std::string question;
+  std::string expected;
+  std::string answer;
+  bool correct = false;
+};
+
+struct EvalResult {
+  double loss = 0;
+  int64_t supervised_tokens = 0;
+  int64_t samples = 0;
+  int64_t answered = 0;   // questions answered by generation
+  int64_t correct = 0;    // exact matches (trimmed, case-insensitive)
+  std::vector<GeneratedAnswer> examples;  // the first few, for the log
+
+  double accuracy() const { return answered ? static_cast<double>(correct) / answered : 0.0; }
+};
+
+struct EvalOptions {
+  int64_t generate = 16;  // questions to answer (0: none; -1: all)
+  int64_t max_new_tokens = 16;
+  Precision precision = Precision::kFp32;
+  int64_t examples = 3;
+};
+
+// Every rank evaluates its share of the validation pipeline (the same plan everywhere); the
+// loss is all-reduced. Generation runs on rank 0 only, over the first `generate` samples.
+EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& setup,
+                    data::PlanningPipeline& validation, runtime::Communicator& comm,
+                    const torch::Device& device, const EvalOptions& options);
+
+// Greedy decoding after `prompt` (a built sample cut before its first answer) until
+// <|im_end|> or max_new_tokens. Returns the generated ids (without <|im_end|>).
+std::vector<int32_t> generate_greedy(model::VisionLanguageModel& model, const data::HostBatch& prompt,
+                                     int32_t stop_id, int64_t max_new_tokens,
+                                     const torch::Device& device, Precision precision);
+
+}  // namespace vlm::train

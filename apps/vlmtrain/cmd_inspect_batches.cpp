@@ -70,7 +70,7 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
         {"config", loaded.source},
         {"source", args.lengths.empty() ? "datasets" : args.lengths},
         {"drops", pipeline->drops().to_json()},
-        {"skipped", setup ? setup->skips().to_json() : nlohmann::json()},
+        {"skipped", pipeline->skips()},
         {"throughput",
          {{"seconds", seconds},
           {"packs_per_s", report.packs() / seconds},

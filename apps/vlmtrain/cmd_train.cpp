@@ -9,7 +9,7 @@ Command add_train_command(CLI::App& root, const GlobalOptions& global) {
   CLI::App* cmd = root.add_subcommand(
       "train", "Train on the configured data; resumes from the newest complete checkpoint");
   return {cmd, [&global] {
-            const LoadedConfig loaded = load_config_and_logging(global, true);
+            const LoadedConfig loaded = load_config_and_logging(global, false);
             log_start_banner(global, loaded);
             const DistEnv dist = detect_dist_env_from_process();
             return static_cast<int>(train::run_training(loaded, dist));

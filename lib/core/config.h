@@ -188,6 +188,7 @@ struct TrainConfig {
   int64_t eval_generate = 16;
   int64_t max_new_tokens = 16;
   int64_t max_nonfinite_steps = 5;
+  bool preflight = true;
   int64_t threads = 0;
   std::string device = "auto";
 };
@@ -212,6 +213,7 @@ void visit_fields(V& v, TrainConfig& c) {
   v.field(c.eval_every, "eval_every", "Validation every N steps; 0 = only at the end.", IntRange{0, INT64_MAX});
   v.field(c.eval_generate, "eval_generate", "Validation questions answered by greedy generation at each evaluation (exact-match accuracy); all of them at the end of training.", IntRange{0, 1 << 20});
   v.field(c.max_new_tokens, "max_new_tokens", "Longest generated answer, in tokens.", IntRange{1, 4096});
+  v.field(c.preflight, "preflight", "Before the first step, run the heaviest micro-batch the config allows and stop with what would fit if it does not (CUDA, or a CPU run with memory.simulate_device_bytes).");
   v.field(c.max_nonfinite_steps, "max_nonfinite_steps", "Consecutive steps with a non-finite loss or gradient (skipped) before the run fails.", IntRange{1, 1 << 20});
   v.field(c.threads, "threads", "CPU threads for LibTorch; 0 = all cores.", IntRange{0, 4096});
   v.field(c.device, "device", "Where to train: auto (CUDA when available), cpu or cuda.", Choices{{"auto", "cpu", "cuda"}});

@@ -34,7 +34,8 @@ class DataSetup {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ChatTemplate& chat() const { return *chat_; }
   const SampleBuilder& builder() const { return *builder_; }
-  SkipCounter& skips() { return *skips_; }
+  // The limits every pipeline's own skip counter gets.
+  const SkipCounter& skip_limits() const { return *skips_; }
   const ImageTokenIds& image_tokens() const { return image_ids_; }
 
   LoaderOptions loader_options(int64_t rank) const;

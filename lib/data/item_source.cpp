@@ -26,10 +26,10 @@ std::vector<std::unique_ptr<Manifest>> open_all(const std::vector<DatasetSpec>& 
 }  // namespace
 
 DatasetSource::DatasetSource(const std::vector<DatasetSpec>& datasets, const SampleBuilder& builder,
-                             SkipCounter& skips, uint64_t seed, bool shuffle, bool one_pass)
+                             const SkipCounter& skip_limits, uint64_t seed, bool shuffle, bool one_pass)
     : manifests_(open_all(datasets)),
       builder_(builder),
-      skips_(skips),
+      skips_(std::make_unique<SkipCounter>(skip_limits)),
       stream_(make_stream(manifests_, datasets, seed, shuffle, one_pass)) {
   if (one_pass) limit_ = total_samples();
 }
@@ -45,12 +45,12 @@ std::optional<BuiltSample> DatasetSource::build(const SampleRef& ref) {
   const ParsedLine parsed = manifest.read(ref.index);
   const SourceLocation where{manifest.path(), manifest.line_number(ref.index)};
   if (const auto* problem = std::get_if<SampleProblem>(&parsed)) {
-    skips_.skip(problem->reason, problem->message, where);
+    skips_->skip(problem->reason, problem->message, where);
     return std::nullopt;
   }
   BuildResult built = builder_.build(std::get<RawSample>(parsed));
   if (const auto* problem = std::get_if<SampleProblem>(&built)) {
-    skips_.skip(problem->reason, problem->message, where);
+    skips_->skip(problem->reason, problem->message, where);
     return std::nullopt;
   }
   return std::get<BuiltSample>(std::move(built));
@@ -61,7 +61,7 @@ std::optional<PackItem> DatasetSource::next() {
   while (limit_ == 0 || draws_ < limit_) {
     ++draws_;
     const SampleRef ref = stream_.next();
-    skips_.count_seen();
+    skips_->count_seen();
     std::optional<BuiltSample> sample = build(ref);
     if (!sample) continue;
     const uint64_t id = next_id_++;
@@ -85,14 +85,14 @@ nlohmann::json DatasetSource::state(const std::vector<uint64_t>& in_flight) cons
     refs.push_back({id, r.dataset, r.index, r.epoch});
   }
   return {{"stream", stream_.state()}, {"draws", draws_}, {"next_id", next_id_},
-          {"in_flight", refs}, {"skips", skips_.to_json()}};
+          {"in_flight", refs}, {"skips", skips_->to_json()}};
 }
 
 void DatasetSource::restore(const nlohmann::json& state) {
   stream_.restore(state.at("stream"));
   draws_ = state.at("draws").get<uint64_t>();
   next_id_ = state.at("next_id").get<uint64_t>();
-  skips_.restore(state.at("skips"));
+  skips_->restore(state.at("skips"));
   built_.clear();
   refs_.clear();
   for (const auto& r : state.at("in_flight")) {

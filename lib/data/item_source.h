@@ -27,6 +27,8 @@ class ItemSource {
   virtual void release(uint64_t sample_id) = 0;
   // The built sample (tokens, image paths, grids) for collation; nullptr for length streams.
   virtual std::shared_ptr<const BuiltSample> sample(uint64_t sample_id) const = 0;
+  // Malformed samples skipped so far (nullptr when the source cannot have any).
+  virtual const SkipCounter* skips() const = 0;
   // Position in the stream; `in_flight` are the ids still inside the packer or planner, whose
   // samples must be rebuilt on restore.
   virtual nlohmann::json state(const std::vector<uint64_t>& in_flight) const = 0;
@@ -43,8 +45,9 @@ struct DatasetSpec {
 // every sample, for evaluation.
 class DatasetSource : public ItemSource {
  public:
+  // Each source counts its own skipped samples against the ceiling of `skip_limits`.
   DatasetSource(const std::vector<DatasetSpec>& datasets, const SampleBuilder& builder,
-                SkipCounter& skips, uint64_t seed, bool shuffle, bool one_pass = false);
+                const SkipCounter& skip_limits, uint64_t seed, bool shuffle, bool one_pass = false);
 
   std::optional<PackItem> next() override;
   void release(uint64_t sample_id) override {
@@ -52,6 +55,7 @@ class DatasetSource : public ItemSource {
     refs_.erase(sample_id);
   }
   std::shared_ptr<const BuiltSample> sample(uint64_t sample_id) const override;
+  const SkipCounter* skips() const override { return skips_.get(); }
   nlohmann::json state(const std::vector<uint64_t>& in_flight) const override;
   void restore(const nlohmann::json& state) override;
 
@@ -62,7 +66,7 @@ class DatasetSource : public ItemSource {
 
   std::vector<std::unique_ptr<Manifest>> manifests_;
   const SampleBuilder& builder_;
-  SkipCounter& skips_;
+  std::unique_ptr<SkipCounter> skips_;
   SampleStream stream_;
   uint64_t limit_ = 0;  // draws before the end; 0 = endless
   uint64_t draws_ = 0;
@@ -79,6 +83,7 @@ class LengthSource : public ItemSource {
   std::optional<PackItem> next() override { return reader_->next(); }
   void release(uint64_t) override {}
   std::shared_ptr<const BuiltSample> sample(uint64_t) const override { return nullptr; }
+  const SkipCounter* skips() const override { return nullptr; }
   nlohmann::json state(const std::vector<uint64_t>& in_flight) const override;
   void restore(const nlohmann::json& state) override;
 

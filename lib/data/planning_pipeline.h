@@ -45,6 +45,10 @@ class PlanningPipeline {
   void release(const StepPlan& plan);
 
   const DropCounts& drops() const { return filter_.drops(); }
+  // Malformed samples skipped (empty for length streams).
+  nlohmann::json skips() const {
+    return source_->skips() ? source_->skips()->to_json() : nlohmann::json::object();
+  }
   int64_t samples_kept() const { return filter_.kept(); }
   const PlanningOptions& options() const { return options_; }
 

@@ -20,6 +20,10 @@ class SkipCounter {
  public:
   SkipCounter(double max_fraction, int64_t min_count, int log_first = 3)
       : max_fraction_(max_fraction), min_count_(min_count), log_first_(log_first) {}
+  // A fresh counter with the same limits.
+  SkipCounter(const SkipCounter& limits)
+      : SkipCounter(limits.max_fraction_, limits.min_count_, limits.log_first_) {}
+  SkipCounter& operator=(const SkipCounter&) = delete;
 
   void count_seen(int64_t n = 1);
   // Counts one skipped sample; logs it if it is among the first of its reason; throws

@@ -3,10 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
+#include <sstream>
 
 #include "core/gpu_catalog.h"
 #include "core/logging.h"
@@ -81,6 +84,30 @@ struct RunState {
   int64_t clean_steps = 0;
 };
 
+// Test hooks (documented in docs/development.md): VLMTRAIN_INJECT_FAULT="oom_forward@2,
+// oom_backward@3,nan_loss@4" raises an out-of-memory error in the forward or backward of the
+// first micro-batch of that step (1-based), or makes that step's loss NaN, once each, so the
+// recovery paths can be exercised on any machine.
+class FaultInjector {
+ public:
+  FaultInjector() {
+    const char* spec = std::getenv("VLMTRAIN_INJECT_FAULT");
+    std::stringstream ss(spec ? spec : "");
+    for (std::string item; std::getline(ss, item, ',');) {
+      const auto at = item.find('@');
+      if (at == std::string::npos) throw UsageError("VLMTRAIN_INJECT_FAULT: expected kind@step, got '" + item + "'");
+      faults_.emplace(item.substr(0, at) + "@" + item.substr(at + 1));
+    }
+  }
+  // True once for (kind, step).
+  bool fire(const std::string& kind, int64_t step) {
+    return faults_.erase(kind + "@" + std::to_string(step)) > 0;
+  }
+
+ private:
+  std::set<std::string> faults_;
+};
+
 // Micro-batches heavier than the learned cap are split before they run; an OOM lowers the
 // cap, clean steps raise it again (so a transient spike does not slow the run forever).
 constexpr double kCapAfterOom = 0.9;
@@ -127,6 +154,7 @@ class Trainer {
   fs::path run_dir_;
   RunState state_;
   nlohmann::json cursor_;  // data cursor after the last completed step
+  FaultInjector faults_;
 };
 
 // --- setup ----------------------------------------------------------------------------------
@@ -303,15 +331,19 @@ void Trainer::run_one(const data::HostBatch& host, double inv_n, StepWork& work)
   if (host.rows == 0) return;
   const model::VlmBatch batch = model::to_tensors(host, device_);
   auto start = Clock::now();
+  const int64_t step = state_.step + 1;
   torch::Tensor loss_sum;
   {
     AutocastScope autocast(precision_, device_);
+    if (faults_.fire("oom_forward", step)) C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (forward)");
     loss_sum = model_->forward(batch).loss_sum;
+    if (faults_.fire("nan_loss", step)) loss_sum = loss_sum * std::numeric_limits<double>::quiet_NaN();
   }
   work.forward_ms += ms_since(start);
   start = Clock::now();
   torch::Tensor objective = loss_sum * inv_n;
   if (scaler_) objective = scaler_->scale_loss(objective);
+  if (faults_.fire("oom_backward", step)) C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (backward)");
   objective.backward();
   work.backward_ms += ms_since(start);
   work.loss_sum += loss_sum.item<double>();
@@ -463,13 +495,6 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   m.mfu = mfu(step.plan, m.step_ms_max);
   const auto& datasets = step.cursor_after["source"]["stream"]["datasets"];
   if (datasets.is_array() && !datasets.empty()) m.epoch = datasets[0].value("epoch", 0);
-
-  if (state_.consecutive_nonfinite >= config_.train.max_nonfinite_steps) {
-    throw Error(ExitCode::kTrainingFailed,
-                std::to_string(state_.consecutive_nonfinite) +
-                    " consecutive steps had a non-finite loss or gradient (train.max_nonfinite_steps); "
-                    "lower the learning rates or use bf16/fp32");
-  }
   return finite;
 }
 
@@ -618,7 +643,7 @@ ExitCode Trainer::run() {
   }
   resume_if_possible();
   metrics_ = std::make_unique<MetricsSink>(run_dir_ / "metrics.jsonl", comm_->rank(), state_.step);
-  if (state_.step == 0) preflight();
+  if (state_.step == 0 && config_.train.preflight) preflight();
 
   const bool interactive = stderr_is_terminal() && comm_->rank() == 0;
   const auto run_start = Clock::now();
@@ -638,6 +663,13 @@ ExitCode Trainer::run() {
     train_step(*step, m);
     cursor_ = std::move(step->cursor_after);
     metrics_->write_step(m);
+    if (state_.consecutive_nonfinite >= config_.train.max_nonfinite_steps) {
+      throw Error(ExitCode::kTrainingFailed,
+                  std::to_string(state_.consecutive_nonfinite) +
+                      " consecutive steps had a non-finite loss or gradient "
+                      "(train.max_nonfinite_steps); the parameters were not updated by them and "
+                      "the last checkpoint is intact; lower the learning rates or use bf16/fp32");
+    }
     if (interactive || state_.step % config_.log.every_steps == 0 || state_.step == first_step + 1) {
       log_progress(m);
     }
@@ -656,7 +688,7 @@ ExitCode Trainer::run() {
                                         {"steps_this_run", state_.step - first_step},
                                         {"skipped_steps", state_.skipped_steps},
                                         {"drops", pipeline_->drops().to_json()},
-                                        {"skipped_samples", data_->skips().to_json()}});
+                                        {"skipped_samples", pipeline_->skips()}});
   spdlog::info("done: {} steps in {:.1f} s; run directory {}", state_.step - first_step, seconds,
                run_dir_.string());
   return ExitCode::kOk;

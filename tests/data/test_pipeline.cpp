@@ -66,9 +66,10 @@ TEST_CASE("nanoVLM's defaults: 1224 crops by arithmetic, far fewer within the to
   const WorstCase w = worst_case(in);
   CHECK(w.max_crops_per_image == 17);
   CHECK(w.naive_crops == 4 * 18 * 17);
-  // 3 full 4x4 images (3 x 1105 tokens) + 2 strips of 1x4 (2 x 325) = 3965 tokens, 61 crops.
-  CHECK(w.crops_per_pack == 61);
-  CHECK(w.crops_per_micro_batch == 4 * 61);
+  // Every image costs 65 tokens per crop (64 image tokens + its marker), so 63 crops fill
+  // 4095 of 4096 tokens: e.g. 7 images of 2x4 tiles + global (9 crops each).
+  CHECK(w.crops_per_pack == 63);
+  CHECK(w.crops_per_micro_batch == 4 * 63);
   in.max_crops_per_micro_batch = 100;
   CHECK(worst_case(in).crops_per_micro_batch == 100);
 }
@@ -188,11 +189,11 @@ TEST_CASE("a missing or corrupt image skips its sample with a reason; the run go
   DataSetup setup(config, 1);
   SampleBuilder const& builder = setup.builder();
   DatasetSource source({{(dir / "m.jsonl").string(), 1.0, ManifestFormat::kAuto}}, builder,
-                       setup.skips(), 0, false, /*one_pass=*/true);
+                       setup.skip_limits(), 0, false, /*one_pass=*/true);
   int kept = 0;
   while (source.next()) ++kept;
   CHECK(kept == 1);
-  const auto reasons = setup.skips().by_reason();
+  const auto reasons = source.skips()->by_reason();
   CHECK(reasons.at("missing_image") == 1);
   CHECK(reasons.at("bad_image") == 1);
   CHECK(reasons.at("malformed_json") == 1);

@@ -44,8 +44,10 @@ std::string read_file(const fs::path& path) {
   return ss.str();
 }
 
-CommandResult run_vlmtrain(const std::string& args) {
-  const std::string command = std::string("'") + VLMTRAIN_EXE + "' " + args + " 2>&1";
+CommandResult run_vlmtrain(const std::string& args) { return run_with_env("", args); }
+
+CommandResult run_with_env(const std::string& env, const std::string& args) {
+  const std::string command = env + "'" + VLMTRAIN_EXE + "' " + args + " 2>&1";
   CommandResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed: " + command);

@@ -31,6 +31,8 @@ struct CommandResult {
 
 // Runs the built vlmtrain binary with `args` (a shell-quoted string), capturing its output.
 CommandResult run_vlmtrain(const std::string& args);
+// The same with environment assignments before the command ("RANK=1 WORLD_SIZE=2 ").
+CommandResult run_with_env(const std::string& env, const std::string& args);
 
 // The repository root (for configs/), baked in at build time.
 std::filesystem::path source_dir();

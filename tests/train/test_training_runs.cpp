@@ -1,0 +1,267 @@
+// Whole training runs of the vlmtrain executable on a small generated dataset: the invariances
+// the trainer promises (accumulation, data parallel, OOM recovery, exact resume) and its
+// behaviour under signals, corrupt checkpoints and NaN losses.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "model/safetensors.h"
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using vlm::test::run_vlmtrain;
+using vlm::test::TempDir;
+
+namespace {
+
+// One demo dataset for the whole suite (written once, read-only afterwards).
+const fs::path& dataset_dir() {
+  static TempDir dir("vlmtrain-runs-data");
+  static const bool written = [] {
+    const auto r = run_vlmtrain("make-demo-data --out '" + (dir / "demo").string() +
+                                "' --samples 160 --val-samples 8 --seed 5");
+    return r.exit_code == 0;
+  }();
+  CATCH_REQUIRE(written);
+  return dir.path();
+}
+
+// A tiny, fast run: 256-token rows, no evaluation, fp32, one thread.
+std::string run_args(const fs::path& out, const std::string& extra) {
+  const fs::path data = dataset_dir() / "demo";
+  return "train --set model.preset=tiny --set 'data.train=[{path: " + (data / "train.jsonl").string() +
+         "}]' --set data.max_img_size=128 --set packing.max_seq_len=256 "
+         "--set data.max_sample_length=256 --set packing.max_images_per_knapsack=8 "
+         "--set train.max_steps=6 --set train.warmup_steps=2 --set train.precision=fp32 "
+         "--set train.threads=1 --set train.seed=3 --set data.workers=1 "
+         "--set output.dir='" + out.string() + "' " + extra;
+}
+
+fs::path last_checkpoint(const fs::path& out) {
+  fs::path newest;
+  for (const auto& entry : fs::directory_iterator(out / "checkpoints")) {
+    const auto name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.find(".tmp") == std::string::npos &&
+        (newest.empty() || name > newest.filename().string())) {
+      newest = entry.path();
+    }
+  }
+  return newest;
+}
+
+vlm::model::TensorMap final_weights(const fs::path& out) {
+  return vlm::model::load_safetensors((last_checkpoint(out) / "model.safetensors").string());
+}
+
+double max_difference(const vlm::model::TensorMap& a, const vlm::model::TensorMap& b) {
+  CATCH_REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (const auto& [name, tensor] : a) {
+    worst = std::max(worst, (tensor - b.at(name)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+std::vector<nlohmann::json> records(const fs::path& out, const std::string& type) {
+  std::vector<nlohmann::json> out_records;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == type) out_records.push_back(j);
+  }
+  return out_records;
+}
+
+void require_ok(const vlm::test::CommandResult& r) {
+  CATCH_INFO(r.output);
+  CATCH_REQUIRE(r.exit_code == 0);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("the loss falls and the run writes metrics, config and a complete checkpoint") {
+  TempDir out;
+  require_ok(run_vlmtrain(run_args(out.path(), "--set train.max_steps=12")));
+  const auto steps = records(out.path(), "step");
+  CATCH_REQUIRE(steps.size() == 12);
+  CATCH_CHECK(steps.back()["loss"].get<double>() < steps.front()["loss"].get<double>() - 0.5);
+  CATCH_CHECK(steps.front()["supervised_tokens"].get<int64_t>() > 0);
+  CATCH_CHECK(steps.front()["memory/peak_allocated_bytes"].get<int64_t>() > 0);
+  CATCH_CHECK(fs::exists(out / "config.yaml"));
+  CATCH_CHECK(fs::exists(last_checkpoint(out.path()) / "COMPLETE.json"));
+  CATCH_CHECK(records(out.path(), "summary").size() == 1);
+}
+
+CATCH_TEST_CASE("gradient accumulation does not change the result (B=4 x GA=1 vs B=1 x GA=4)") {
+  TempDir a, b;
+  require_ok(run_vlmtrain(run_args(a.path(), "--set train.batch_size=4")));
+  require_ok(run_vlmtrain(run_args(b.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=4")));
+  CATCH_CHECK(max_difference(final_weights(a.path()), final_weights(b.path())) < 1e-5);
+  const auto la = records(a.path(), "step"), lb = records(b.path(), "step");
+  for (size_t i = 0; i < la.size(); ++i) {
+    CATCH_CHECK(la[i]["loss"].get<double>() == Approx(lb[i]["loss"].get<double>()).epsilon(1e-5));
+  }
+}
+
+CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch") {
+  TempDir one, two;
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=2")));
+  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  std::vector<std::thread> ranks;
+  std::vector<vlm::test::CommandResult> results(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      const std::string env = "RANK=" + std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=" +
+                              std::to_string(rank) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                              std::to_string(port) + " ";
+      results[static_cast<size_t>(rank)] = vlm::test::run_with_env(
+          env, run_args(two.path(), "--set train.batch_size=1 --set distributed.timeout_s=60"));
+    });
+  }
+  for (auto& t : ranks) t.join();
+  require_ok(results[0]);
+  require_ok(results[1]);
+  CATCH_CHECK(max_difference(final_weights(one.path()), final_weights(two.path())) < 1e-5);
+}
+
+CATCH_TEST_CASE("an OOM splits the micro-batch and gives the result of small micro-batches") {
+  TempDir small, capped;
+  require_ok(run_vlmtrain(run_args(small.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=2")));
+  int64_t peak = 0;
+  for (const auto& r : records(small.path(), "step")) {
+    peak = std::max(peak, r["memory/peak_allocated_bytes"].get<int64_t>());
+  }
+  // Two packs per micro-batch need about twice the activations of one: capped near the
+  // one-pack peak, the 2-pack micro-batches run out of memory and are split.
+  const int64_t cap = peak + peak / 4;
+  require_ok(run_vlmtrain(run_args(capped.path(), "--set train.batch_size=2 --set train.preflight=false "
+                                                  "--set memory.simulate_device_bytes=" + std::to_string(cap))));
+  int64_t retries = 0;
+  for (const auto& r : records(capped.path(), "step")) retries += r["oom_retries"].get<int64_t>();
+  CATCH_CHECK(retries > 0);
+  CATCH_CHECK(max_difference(final_weights(small.path()), final_weights(capped.path())) < 1e-5);
+}
+
+CATCH_TEST_CASE("an OOM in forward or backward is recovered without changing the result") {
+  TempDir plain, injected;
+  require_ok(run_vlmtrain(run_args(plain.path(), "--set train.batch_size=2")));
+  require_ok(vlm::test::run_with_env("VLMTRAIN_INJECT_FAULT=oom_forward@2,oom_backward@4 ",
+                                     run_args(injected.path(), "--set train.batch_size=2")));
+  const auto steps = records(injected.path(), "step");
+  CATCH_CHECK(steps[1]["oom_retries"].get<int64_t>() == 1);
+  CATCH_CHECK(steps[3]["oom_retries"].get<int64_t>() == 1);
+  CATCH_CHECK(steps[0]["oom_retries"].get<int64_t>() == 0);
+  CATCH_CHECK(max_difference(final_weights(plain.path()), final_weights(injected.path())) < 1e-5);
+}
+
+CATCH_TEST_CASE("out of memory with a single sample ends the run with its own exit code") {
+  TempDir out;
+  const auto r = run_vlmtrain(run_args(out.path(), "--set memory.simulate_device_bytes=30MiB --set train.preflight=false"));
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));
+  CATCH_CHECK(r.output.find("cannot be split") != std::string::npos);
+}
+
+CATCH_TEST_CASE("the preflight stops a config whose heaviest micro-batch cannot fit, saying what would") {
+  TempDir small, out;
+  require_ok(run_vlmtrain(run_args(small.path(), "--set train.batch_size=1 --set train.max_steps=2")));
+  int64_t peak = 0;
+  for (const auto& r : records(small.path(), "step")) {
+    peak = std::max(peak, r["memory/peak_allocated_bytes"].get<int64_t>());
+  }
+  const auto r = run_vlmtrain(run_args(out.path(), "--set train.batch_size=2 --set memory.simulate_device_bytes=" +
+                                                       std::to_string(peak + peak / 4)));
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));
+  CATCH_CHECK(r.output.find("preflight: the heaviest micro-batch") != std::string::npos);
+  CATCH_CHECK(r.output.find("train.max_crops_per_micro_batch") != std::string::npos);
+}
+
+CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained once") {
+  TempDir reference, killed;
+  require_ok(run_vlmtrain(run_args(reference.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
+  // Run until the checkpoint of step 6 exists, then kill -9.
+  const std::string command = std::string("exec '") + VLMTRAIN_EXE + "' " +
+                              run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3") +
+                              " >/dev/null 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!fs::exists(killed / "checkpoints/step-00000006/COMPLETE.json") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  require_ok(run_vlmtrain(run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
+  CATCH_CHECK(max_difference(final_weights(reference.path()), final_weights(killed.path())) == 0.0);
+  // The metrics read as one run: steps 1..10 once each, with the reference's losses.
+  const auto ref = records(reference.path(), "step"), got = records(killed.path(), "step");
+  CATCH_REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CATCH_CHECK(got[i]["step"] == ref[i]["step"]);
+    CATCH_CHECK(got[i]["loss"].get<double>() == ref[i]["loss"].get<double>());
+  }
+}
+
+CATCH_TEST_CASE("SIGTERM saves a checkpoint and exits with the requeue code") {
+  TempDir out;
+  const std::string command = std::string("exec '") + VLMTRAIN_EXE + "' " +
+                              run_args(out.path(), "--set train.max_steps=100000") + " >/dev/null 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (records(out.path(), "step").size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CATCH_REQUIRE(WIFEXITED(status));
+  CATCH_CHECK(WEXITSTATUS(status) == static_cast<int>(vlm::ExitCode::kStoppedBySignal));
+  CATCH_CHECK(fs::exists(last_checkpoint(out.path()) / "COMPLETE.json"));
+}
+
+CATCH_TEST_CASE("a corrupt latest checkpoint is skipped and the previous one resumed") {
+  TempDir out;
+  require_ok(run_vlmtrain(run_args(out.path(), "--set train.max_steps=6 --set output.checkpoint_every=3 --set output.keep_checkpoints=3")));
+  const fs::path latest = out / "checkpoints/step-00000006/model.safetensors";
+  CATCH_REQUIRE(fs::exists(latest));
+  fs::resize_file(latest, fs::file_size(latest) / 2);  // truncated after completion
+  const auto r = run_vlmtrain(run_args(out.path(), "--set train.max_steps=6 --set output.checkpoint_every=3 --set output.keep_checkpoints=3"));
+  CATCH_INFO(r.output);
+  CATCH_REQUIRE(r.exit_code == 0);
+  CATCH_CHECK(r.output.find("step-00000006") != std::string::npos);  // the warning names it
+  CATCH_CHECK(r.output.find("resumed from") != std::string::npos);
+  CATCH_CHECK(r.output.find("(step 3)") != std::string::npos);
+}
+
+CATCH_TEST_CASE("non-finite losses skip steps, then fail the run with the training-failure code") {
+  TempDir out;
+  const auto r = vlm::test::run_with_env(
+      "VLMTRAIN_INJECT_FAULT=nan_loss@2,nan_loss@4,nan_loss@5 ",
+      run_args(out.path(), "--set train.max_nonfinite_steps=2 --set train.max_steps=8"));
+  CATCH_INFO(r.output);
+  const auto steps = records(out.path(), "step");
+  CATCH_REQUIRE(steps.size() == 5);  // step 2 skipped, 3 clean, 4 and 5 skipped: the run stops
+  CATCH_CHECK(steps[1]["skipped_steps"].get<int64_t>() == 1);
+  CATCH_CHECK(steps[2]["skipped_steps"].get<int64_t>() == 1);
+  CATCH_CHECK(steps[4]["skipped_steps"].get<int64_t>() == 3);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kTrainingFailed));
+  CATCH_CHECK(r.output.find("non-finite") != std::string::npos);
+}

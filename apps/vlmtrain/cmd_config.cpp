@@ -29,8 +29,11 @@ void print_schema(bool json) {
   if (json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& e : entries) {
-      out.push_back({{"key", e.key}, {"type", e.type}, {"default", e.default_value},
-                     {"allowed", e.allowed}, {"doc", e.doc}});
+      out.push_back({{"key", e.key},
+                     {"type", e.type},
+                     {"default", e.default_value},
+                     {"allowed", e.allowed},
+                     {"doc", e.doc}});
     }
     std::cout << out.dump(2) << "\n";
     return;

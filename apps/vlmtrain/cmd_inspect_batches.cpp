@@ -43,6 +43,7 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
   } else {
     pipeline = data::length_pipeline(config, args.ranks, args.lengths);
     loader_options.workers = 0;
+    loader_options.collate.decode_images = false;  // a length stream has no pixels
   }
 
   data::BatchReport report({config.packing.max_seq_len,

@@ -47,7 +47,8 @@ nlohmann::json model_info(const ModelConfig& m) {
           {"patches_per_crop", spec::patches_per_crop(s.vision)},
           {"image_tokens_per_crop", spec::image_tokens_per_crop(s)},
           {"vocab_rows", spec::language_vocab_rows(s.language)},
-          {"forward_flops_per_lm_token_at_4096", spec::language_forward_flops_per_token(s.language, 4096)},
+          {"forward_flops_per_lm_token_at_4096",
+           spec::language_forward_flops_per_token(s.language, 4096)},
           {"forward_flops_per_crop", spec::vision_forward_flops_per_crop(s)}};
 }
 
@@ -68,7 +69,8 @@ void print_text(const nlohmann::json& info) {
   for (const char* name : {"vision", "projector", "language"}) {
     const auto& m = info["modules"][name];
     std::printf("  %-10s %15s  %s%s\n", name, grouped(m["parameters"]).c_str(),
-                m["dtype"].get<std::string>().c_str(), m["frozen"].get<int64_t>() ? ", frozen" : "");
+                m["dtype"].get<std::string>().c_str(),
+                m["frozen"].get<int64_t>() ? ", frozen" : "");
   }
   std::printf("crop: %lld patches -> %lld image tokens; vocabulary rows %lld\n",
               static_cast<long long>(info["patches_per_crop"].get<int64_t>()),
@@ -86,7 +88,8 @@ int run_model_info(const GlobalOptions& global, const ModelInfoArgs& args) {
   bool weights_ok = true;
   std::string report_text;
   if (!args.weights.empty()) {
-    const model::WeightsInspection inspection = model::inspect_weights(args.weights, config.model.dims);
+    const model::WeightsInspection inspection =
+        model::inspect_weights(args.weights, config.model.dims);
     weights_ok = inspection.report.ok();
     report_text = model::format_report(inspection.report);
     nlohmann::json missing = nlohmann::json::array(), unexpected = nlohmann::json::array(),
@@ -94,22 +97,20 @@ int run_model_info(const GlobalOptions& global, const ModelInfoArgs& args) {
     for (const auto& t : inspection.report.missing) missing.push_back(t.name);
     for (const auto& t : inspection.report.unexpected) unexpected.push_back(t.name);
     for (const auto& t : inspection.report.mis_shaped) mis_shaped.push_back(t.name);
-    info["weights"] = {{"path", args.weights},
-                       {"layout", model::layout_name(inspection.layout)},
-                       {"files", inspection.files},
-                       {"matched", inspection.report.matched},
-                       {"missing", missing},
-                       {"unexpected", unexpected},
-                       {"mis_shaped", mis_shaped},
-                       {"ok", weights_ok}};
+    info["weights"] = {
+        {"path", args.weights},      {"layout", model::layout_name(inspection.layout)},
+        {"files", inspection.files}, {"matched", inspection.report.matched},
+        {"missing", missing},        {"unexpected", unexpected},
+        {"mis_shaped", mis_shaped},  {"ok", weights_ok}};
   }
   if (args.json) {
     std::cout << info.dump(2) << "\n";
   } else {
     print_text(info);
     if (!args.weights.empty()) {
-      std::cout << "weights " << args.weights << " (" << info["weights"]["layout"].get<std::string>()
-                << "):\n" << report_text << "\n";
+      std::cout << "weights " << args.weights << " ("
+                << info["weights"]["layout"].get<std::string>() << "):\n"
+                << report_text << "\n";
     }
   }
   return weights_ok ? 0 : static_cast<int>(ExitCode::kData);

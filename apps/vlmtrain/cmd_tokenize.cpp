@@ -33,17 +33,20 @@ int render_sample(const Config& config, int64_t index) {
   data::Manifest manifest(dataset.path, data::parse_manifest_format(dataset.format));
   if (index >= static_cast<int64_t>(manifest.size())) {
     throw UsageError("--render " + std::to_string(index) + ": the dataset has " +
-                     std::to_string(manifest.size()) + " samples", SourceLocation{dataset.path});
+                         std::to_string(manifest.size()) + " samples",
+                     SourceLocation{dataset.path});
   }
   const data::ParsedLine parsed = manifest.read(static_cast<size_t>(index));
   if (const auto* problem = std::get_if<data::SampleProblem>(&parsed)) {
-    throw DataError("sample is skipped in training (" + problem->reason + "): " + problem->message,
-                    SourceLocation{manifest.path(), manifest.line_number(static_cast<size_t>(index))});
+    throw DataError(
+        "sample is skipped in training (" + problem->reason + "): " + problem->message,
+        SourceLocation{manifest.path(), manifest.line_number(static_cast<size_t>(index))});
   }
   const data::BuildResult built = setup.builder().build(std::get<data::RawSample>(parsed));
   if (const auto* problem = std::get_if<data::SampleProblem>(&built)) {
-    throw DataError("sample is skipped in training (" + problem->reason + "): " + problem->message,
-                    SourceLocation{manifest.path(), manifest.line_number(static_cast<size_t>(index))});
+    throw DataError(
+        "sample is skipped in training (" + problem->reason + "): " + problem->message,
+        SourceLocation{manifest.path(), manifest.line_number(static_cast<size_t>(index))});
   }
   const auto& sample = std::get<data::BuiltSample>(built);
   const auto& tokens = sample.tokens;
@@ -66,9 +69,8 @@ int render_sample(const Config& config, int64_t index) {
   }
   if (in_supervised) out += "]]";
   std::cout << sample.where.str() << ": " << tokens.ids.size() << " tokens, "
-            << tokens.supervised_tokens << " supervised ([[...]]), " << tokens.images
-            << " images, " << tokens.crops << " crops, " << tokens.image_tokens
-            << " image tokens\n"
+            << tokens.supervised_tokens << " supervised ([[...]]), " << tokens.images << " images, "
+            << tokens.crops << " crops, " << tokens.image_tokens << " image tokens\n"
             << out << "\n";
   return 0;
 }

@@ -18,7 +18,7 @@ struct GlobalOptions {
   std::vector<std::string> overrides;  // --set section.key=value, in order
   std::string log_level;               // overrides log.level when given
   bool no_color = false;
-  std::string command_line;            // for the start banner
+  std::string command_line;  // for the start banner
 };
 
 struct Command {

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "runtime/oom.h"
 #include "runtime/torch_info.h"
 #include "runtime/tracking_allocator.h"
 #include "vlm/build_info.h"
@@ -17,8 +18,8 @@
 namespace {
 
 std::string version_text() {
-  return std::string("vlmtrain ") + VLM_VERSION + " (git " + VLM_GIT_HASH + ", " +
-         VLM_BUILD_TYPE + ", " + VLM_COMPILER + ")\nLibTorch " + vlm::runtime::torch_version() +
+  return std::string("vlmtrain ") + VLM_VERSION + " (git " + VLM_GIT_HASH + ", " + VLM_BUILD_TYPE +
+         ", " + VLM_COMPILER + ")\nLibTorch " + vlm::runtime::torch_version() +
          ", CUDA: " + (vlm::runtime::cuda_available() ? "yes" : "no");
 }
 
@@ -67,12 +68,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::vector<Command> commands{
-      add_config_command(app, global),
-      add_make_demo_data_command(app, global),
-      add_inspect_batches_command(app, global),
-      add_tokenize_command(app, global),
-      add_train_command(app, global),
-      add_model_info_command(app, global),
+      add_config_command(app, global),          add_make_demo_data_command(app, global),
+      add_inspect_batches_command(app, global), add_tokenize_command(app, global),
+      add_train_command(app, global),           add_model_info_command(app, global),
   };
   for (auto& c : commands) c.app->fallthrough();
 
@@ -96,6 +94,11 @@ int main(int argc, char** argv) {
   } catch (const vlm::Error& e) {
     return report(e);
   } catch (const std::exception& e) {
+    if (vlm::runtime::is_out_of_memory(e)) {
+      std::cerr << "error: out of memory: " << vlm::trim(std::string(e.what()).substr(0, 300))
+                << std::endl;
+      return static_cast<int>(vlm::ExitCode::kOutOfMemory);
+    }
     std::cerr << "internal error: " << e.what() << std::endl;
     return static_cast<int>(vlm::ExitCode::kInternal);
   }

@@ -35,18 +35,25 @@ struct ModelConfig {
 
 template <class V>
 void visit_fields(V& v, spec::VisionSpec& c) {
-  v.field(c.image_size, "image_size", "Crop side in pixels: the ViT input (images are split into crops of this size).", IntRange{8, 4096});
-  v.field(c.patch_size, "patch_size", "ViT patch side in pixels; must divide image_size.", IntRange{1, 1024});
+  v.field(c.image_size, "image_size",
+          "Crop side in pixels: the ViT input (images are split into crops of this size).",
+          IntRange{8, 4096});
+  v.field(c.patch_size, "patch_size", "ViT patch side in pixels; must divide image_size.",
+          IntRange{1, 1024});
   v.field(c.hidden_size, "hidden_size", "ViT width.", IntRange{8, 65536});
   v.field(c.num_layers, "num_layers", "ViT blocks.", IntRange{1, 1024});
-  v.field(c.num_heads, "num_heads", "ViT attention heads; must divide hidden_size.", IntRange{1, 1024});
+  v.field(c.num_heads, "num_heads", "ViT attention heads; must divide hidden_size.",
+          IntRange{1, 1024});
   v.field(c.mlp_size, "mlp_size", "ViT MLP width.", IntRange{1, 1 << 20});
   v.field(c.layer_norm_eps, "layer_norm_eps", "LayerNorm epsilon.", RealRange{0, 1, true});
 }
 
 template <class V>
 void visit_fields(V& v, spec::ProjectorSpec& c) {
-  v.field(c.pixel_shuffle, "pixel_shuffle", "Pixel-shuffle factor: image tokens per crop = (image_size/patch_size)^2 / pixel_shuffle^2.", IntRange{1, 64});
+  v.field(
+      c.pixel_shuffle, "pixel_shuffle",
+      "Pixel-shuffle factor: image tokens per crop = (image_size/patch_size)^2 / pixel_shuffle^2.",
+      IntRange{1, 64});
 }
 
 template <class V>
@@ -54,34 +61,56 @@ void visit_fields(V& v, spec::LanguageSpec& c) {
   v.field(c.hidden_size, "hidden_size", "Decoder width.", IntRange{8, 1 << 17});
   v.field(c.num_layers, "num_layers", "Decoder blocks.", IntRange{1, 1024});
   v.field(c.num_heads, "num_heads", "Query heads; must divide hidden_size.", IntRange{1, 1024});
-  v.field(c.num_kv_heads, "num_kv_heads", "Key/value heads (grouped-query attention); must divide num_heads.", IntRange{1, 1024});
+  v.field(c.num_kv_heads, "num_kv_heads",
+          "Key/value heads (grouped-query attention); must divide num_heads.", IntRange{1, 1024});
   v.field(c.mlp_size, "mlp_size", "SwiGLU MLP width.", IntRange{1, 1 << 20});
   v.field(c.vocab_size, "vocab_size", "Base vocabulary of the tokenizer.", IntRange{2, 1 << 24});
-  v.field(c.extra_tokens, "extra_tokens", "Embedding rows after the base vocabulary (image-placement tokens).", IntRange{0, 1 << 20});
+  v.field(c.extra_tokens, "extra_tokens",
+          "Embedding rows after the base vocabulary (image-placement tokens).",
+          IntRange{0, 1 << 20});
   v.field(c.rope_base, "rope_base", "RoPE theta.", RealRange{0, 1e12, true});
   v.field(c.rms_norm_eps, "rms_norm_eps", "RMSNorm epsilon.", RealRange{0, 1, true});
-  v.field(c.max_position, "max_position", "Longest position the model supports; must be >= packing.max_seq_len.", IntRange{1, 1 << 24});
+  v.field(c.max_position, "max_position",
+          "Longest position the model supports; must be >= packing.max_seq_len.",
+          IntRange{1, 1 << 24});
   v.field(c.tie_embeddings, "tie_embeddings", "Share the input embedding with the output head.");
 }
 
 template <class V>
 void visit_fields(V& v, ModelConfig& c) {
-  v.field(c.dims.preset, "preset", "Model preset; its dimensions apply before the file's own model.* keys.", Choices{spec::preset_names()});
+  v.field(c.dims.preset, "preset",
+          "Model preset; its dimensions apply before the file's own model.* keys.",
+          Choices{spec::preset_names()});
   v.section(c.dims.vision, "vision", "Vision encoder (SigLIP-style ViT) dimensions.");
   v.section(c.dims.projector, "projector", "Modality projector (pixel shuffle + linear).");
-  v.section(c.dims.language, "language", "Language model (Llama/SmolLM2-style decoder) dimensions.");
-  v.field(c.tokenizer, "tokenizer", "Path of a Hugging Face tokenizer.json (byte-level BPE), or builtin:bytes.");
-  v.field(c.weights, "weights", "Full VLM weights (safetensors with nanoVLM names) to start from; empty = random init.");
-  v.field(c.vision_weights, "vision_weights", "Vision encoder weights in Hugging Face SigLIP/SigLIP2 names; empty = none.");
-  v.field(c.language_weights, "language_weights", "Language model weights in Hugging Face SmolLM2/Llama names (.safetensors or .index.json); empty = none.");
-  v.field(c.checkpoint_vision, "checkpoint_vision", "Activation checkpointing for every ViT block.");
-  v.field(c.checkpoint_language, "checkpoint_language", "Activation checkpointing for every decoder block.");
-  v.field(c.vision_chunk_crops, "vision_chunk_crops", "Run the ViT over at most this many crops at a time (bounds its activation peak); 0 = all at once.", IntRange{0, 1 << 20});
+  v.section(c.dims.language, "language",
+            "Language model (Llama/SmolLM2-style decoder) dimensions.");
+  v.field(c.tokenizer, "tokenizer",
+          "Path of a Hugging Face tokenizer.json (byte-level BPE), or builtin:bytes.");
+  v.field(c.weights, "weights",
+          "Full VLM weights (safetensors with nanoVLM names) to start from; empty = random init.");
+  v.field(c.vision_weights, "vision_weights",
+          "Vision encoder weights in Hugging Face SigLIP/SigLIP2 names; empty = none.");
+  v.field(c.language_weights, "language_weights",
+          "Language model weights in Hugging Face SmolLM2/Llama names (.safetensors or "
+          ".index.json); empty = none.");
+  v.field(c.checkpoint_vision, "checkpoint_vision",
+          "Activation checkpointing for every ViT block.");
+  v.field(c.checkpoint_language, "checkpoint_language",
+          "Activation checkpointing for every decoder block.");
+  v.field(c.vision_chunk_crops, "vision_chunk_crops",
+          "Run the ViT over at most this many crops at a time (bounds its activation peak); 0 = "
+          "all at once.",
+          IntRange{0, 1 << 20});
   v.field(c.freeze_vision, "freeze_vision", "Do not train the vision encoder.");
   v.field(c.freeze_projector, "freeze_projector", "Do not train the projector.");
   v.field(c.freeze_language, "freeze_language", "Do not train the language model.");
-  v.field(c.frozen_dtype, "frozen_dtype", "Storage dtype of frozen modules.", Choices{{"fp32", "bf16"}});
-  v.field(c.loss_chunk_tokens, "loss_chunk_tokens", "Compute the loss over at most this many supervised tokens at a time (bounds the logits' memory); 0 = all at once.", IntRange{0, 1 << 24});
+  v.field(c.frozen_dtype, "frozen_dtype", "Storage dtype of frozen modules.",
+          Choices{{"fp32", "bf16"}});
+  v.field(c.loss_chunk_tokens, "loss_chunk_tokens",
+          "Compute the loss over at most this many supervised tokens at a time (bounds the logits' "
+          "memory); 0 = all at once.",
+          IntRange{0, 1 << 24});
 }
 
 // --- data -------------------------------------------------------------------------------
@@ -95,8 +124,10 @@ struct DatasetConfig {
 template <class V>
 void visit_fields(V& v, DatasetConfig& c) {
   v.field(c.path, "path", "JSONL manifest; image paths inside it are relative to the manifest.");
-  v.field(c.weight, "weight", "Sampling weight when several datasets are mixed.", RealRange{0, 1e9, true});
-  v.field(c.format, "format", "Manifest style: the_cauldron, llava, or detected per line.", Choices{{"auto", "cauldron", "llava"}});
+  v.field(c.weight, "weight", "Sampling weight when several datasets are mixed.",
+          RealRange{0, 1e9, true});
+  v.field(c.format, "format", "Manifest style: the_cauldron, llava, or detected per line.",
+          Choices{{"auto", "cauldron", "llava"}});
 }
 
 struct DataConfig {
@@ -119,17 +150,30 @@ template <class V>
 void visit_fields(V& v, DataConfig& c) {
   v.list(c.train, "train", "Training datasets (list of {path, weight, format}).");
   v.list(c.validation, "validation", "Held-out datasets for evaluation (same form).");
-  v.field(c.max_img_size, "max_img_size", "Longest image side after resizing, in pixels; a multiple of model.vision.image_size.", IntRange{1, 1 << 16});
-  v.field(c.resize_to_max, "resize_to_max", "Always scale the long side to max_img_size (nanoVLM's behaviour), even upwards.");
-  v.field(c.allow_upscale, "allow_upscale", "Allow images smaller than max_img_size to be scaled up.");
-  v.field(c.image_mean, "image_mean", "Per-channel mean for normalisation (RGB, in [0,1]).", RealRange{-10, 10});
-  v.field(c.image_std, "image_std", "Per-channel std for normalisation (RGB).", RealRange{0, 10, true});
-  v.field(c.max_images_per_example, "max_images_per_example", "Samples with more images are dropped (counted).", IntRange{0, 1024});
-  v.field(c.max_sample_length, "max_sample_length", "Samples with more LM tokens (image tokens included) are dropped (counted).", IntRange{1, 1 << 24});
+  v.field(c.max_img_size, "max_img_size",
+          "Longest image side after resizing, in pixels; a multiple of model.vision.image_size.",
+          IntRange{1, 1 << 16});
+  v.field(c.resize_to_max, "resize_to_max",
+          "Always scale the long side to max_img_size (nanoVLM's behaviour), even upwards.");
+  v.field(c.allow_upscale, "allow_upscale",
+          "Allow images smaller than max_img_size to be scaled up.");
+  v.field(c.image_mean, "image_mean", "Per-channel mean for normalisation (RGB, in [0,1]).",
+          RealRange{-10, 10});
+  v.field(c.image_std, "image_std", "Per-channel std for normalisation (RGB).",
+          RealRange{0, 10, true});
+  v.field(c.max_images_per_example, "max_images_per_example",
+          "Samples with more images are dropped (counted).", IntRange{0, 1024});
+  v.field(c.max_sample_length, "max_sample_length",
+          "Samples with more LM tokens (image tokens included) are dropped (counted).",
+          IntRange{1, 1 << 24});
   v.field(c.workers, "workers", "Image decoding threads per rank.", IntRange{0, 256});
-  v.field(c.prefetch_batches, "prefetch_batches", "Micro-batches decoded ahead (bounds host memory).", IntRange{1, 1024});
-  v.field(c.max_skipped_fraction, "max_skipped_fraction", "Error out when more than this fraction of samples is skipped as malformed.", RealRange{0, 1});
-  v.field(c.min_skipped_for_error, "min_skipped_for_error", "...but only once at least this many were skipped.", IntRange{0, INT64_MAX});
+  v.field(c.prefetch_batches, "prefetch_batches",
+          "Micro-batches decoded ahead (bounds host memory).", IntRange{1, 1024});
+  v.field(c.max_skipped_fraction, "max_skipped_fraction",
+          "Error out when more than this fraction of samples is skipped as malformed.",
+          RealRange{0, 1});
+  v.field(c.min_skipped_for_error, "min_skipped_for_error",
+          "...but only once at least this many were skipped.", IntRange{0, INT64_MAX});
 }
 
 // --- packing ----------------------------------------------------------------------------
@@ -146,11 +190,18 @@ struct PackingConfig {
 template <class V>
 void visit_fields(V& v, PackingConfig& c) {
   v.field(c.max_seq_len, "max_seq_len", "LM tokens per packed row.", IntRange{16, 1 << 24});
-  v.field(c.max_images_per_knapsack, "max_images_per_knapsack", "Images per packed row.", IntRange{0, 1 << 16});
-  v.field(c.max_crops_per_pack, "max_crops_per_pack", "ViT crops per packed row; 0 = no cap.", IntRange{0, 1 << 20});
-  v.field(c.buffer_samples, "buffer_samples", "Samples the packer considers at once (best-fit window).", IntRange{1, 1 << 24});
-  v.field(c.max_deferrals, "max_deferrals", "Rounds an under-filled pack may wait for more samples before it is emitted.", IntRange{0, 64});
-  v.field(c.emission_window, "emission_window", "Packs shuffled together before emission (so they are not sorted by length).", IntRange{1, 1 << 20});
+  v.field(c.max_images_per_knapsack, "max_images_per_knapsack", "Images per packed row.",
+          IntRange{0, 1 << 16});
+  v.field(c.max_crops_per_pack, "max_crops_per_pack", "ViT crops per packed row; 0 = no cap.",
+          IntRange{0, 1 << 20});
+  v.field(c.buffer_samples, "buffer_samples",
+          "Samples the packer considers at once (best-fit window).", IntRange{1, 1 << 24});
+  v.field(c.max_deferrals, "max_deferrals",
+          "Rounds an under-filled pack may wait for more samples before it is emitted.",
+          IntRange{0, 64});
+  v.field(c.emission_window, "emission_window",
+          "Packs shuffled together before emission (so they are not sorted by length).",
+          IntRange{1, 1 << 20});
 }
 
 // --- train ------------------------------------------------------------------------------
@@ -196,27 +247,46 @@ struct TrainConfig {
 template <class V>
 void visit_fields(V& v, TrainConfig& c) {
   v.field(c.batch_size, "batch_size", "Packs per micro-batch on each rank.", IntRange{1, 65536});
-  v.field(c.gradient_accumulation_steps, "gradient_accumulation_steps", "Micro-batches per optimizer step on each rank.", IntRange{1, 65536});
-  v.field(c.max_crops_per_micro_batch, "max_crops_per_micro_batch", "ViT crops per micro-batch; 0 = no cap.", IntRange{0, 1 << 24});
+  v.field(c.gradient_accumulation_steps, "gradient_accumulation_steps",
+          "Micro-batches per optimizer step on each rank.", IntRange{1, 65536});
+  v.field(c.max_crops_per_micro_batch, "max_crops_per_micro_batch",
+          "ViT crops per micro-batch; 0 = no cap.", IntRange{0, 1 << 24});
   v.field(c.max_steps, "max_steps", "Optimizer steps to train.", IntRange{1, INT64_MAX});
   v.section(c.lr, "lr", "Peak learning rates per module.");
-  v.field(c.schedule, "schedule", "Learning-rate schedule after warmup.", Choices{{"cosine", "linear", "constant"}});
-  v.field(c.warmup_steps, "warmup_steps", "Linear warmup steps from 0 to the peak rate.", IntRange{0, INT64_MAX});
-  v.field(c.min_lr_ratio, "min_lr_ratio", "Floor of the decay as a fraction of the peak rate.", RealRange{0, 1});
-  v.field(c.weight_decay, "weight_decay", "AdamW weight decay (never applied to norms, biases, embeddings).", RealRange{0, 10});
+  v.field(c.schedule, "schedule", "Learning-rate schedule after warmup.",
+          Choices{{"cosine", "linear", "constant"}});
+  v.field(c.warmup_steps, "warmup_steps", "Linear warmup steps from 0 to the peak rate.",
+          IntRange{0, INT64_MAX});
+  v.field(c.min_lr_ratio, "min_lr_ratio", "Floor of the decay as a fraction of the peak rate.",
+          RealRange{0, 1});
+  v.field(c.weight_decay, "weight_decay",
+          "AdamW weight decay (never applied to norms, biases, embeddings).", RealRange{0, 10});
   v.field(c.adam_beta1, "adam_beta1", "AdamW beta1.", RealRange{0, 1});
   v.field(c.adam_beta2, "adam_beta2", "AdamW beta2.", RealRange{0, 1});
   v.field(c.adam_eps, "adam_eps", "AdamW epsilon.", RealRange{0, 1, true});
-  v.field(c.grad_clip, "grad_clip", "Clip the global gradient norm to this; 0 = off.", RealRange{0, 1e9});
-  v.field(c.precision, "precision", "Compute precision (master weights stay fp32).", Choices{{"bf16", "fp16", "fp32"}});
-  v.field(c.seed, "seed", "Seed of initialisation, data order and packing.", IntRange{0, INT64_MAX});
-  v.field(c.eval_every, "eval_every", "Validation every N steps; 0 = only at the end.", IntRange{0, INT64_MAX});
-  v.field(c.eval_generate, "eval_generate", "Validation questions answered by greedy generation at each evaluation (exact-match accuracy); all of them at the end of training.", IntRange{0, 1 << 20});
-  v.field(c.max_new_tokens, "max_new_tokens", "Longest generated answer, in tokens.", IntRange{1, 4096});
-  v.field(c.preflight, "preflight", "Before the first step, run the heaviest micro-batch the config allows and stop with what would fit if it does not (CUDA, or a CPU run with memory.simulate_device_bytes).");
-  v.field(c.max_nonfinite_steps, "max_nonfinite_steps", "Consecutive steps with a non-finite loss or gradient (skipped) before the run fails.", IntRange{1, 1 << 20});
+  v.field(c.grad_clip, "grad_clip", "Clip the global gradient norm to this; 0 = off.",
+          RealRange{0, 1e9});
+  v.field(c.precision, "precision", "Compute precision (master weights stay fp32).",
+          Choices{{"bf16", "fp16", "fp32"}});
+  v.field(c.seed, "seed", "Seed of initialisation, data order and packing.",
+          IntRange{0, INT64_MAX});
+  v.field(c.eval_every, "eval_every", "Validation every N steps; 0 = only at the end.",
+          IntRange{0, INT64_MAX});
+  v.field(c.eval_generate, "eval_generate",
+          "Validation questions answered by greedy generation at each evaluation (exact-match "
+          "accuracy); all of them at the end of training.",
+          IntRange{0, 1 << 20});
+  v.field(c.max_new_tokens, "max_new_tokens", "Longest generated answer, in tokens.",
+          IntRange{1, 4096});
+  v.field(c.preflight, "preflight",
+          "Before the first step, run the heaviest micro-batch the config allows and stop with "
+          "what would fit if it does not (CUDA, or a CPU run with memory.simulate_device_bytes).");
+  v.field(c.max_nonfinite_steps, "max_nonfinite_steps",
+          "Consecutive steps with a non-finite loss or gradient (skipped) before the run fails.",
+          IntRange{1, 1 << 20});
   v.field(c.threads, "threads", "CPU threads for LibTorch; 0 = all cores.", IntRange{0, 4096});
-  v.field(c.device, "device", "Where to train: auto (CUDA when available), cpu or cuda.", Choices{{"auto", "cpu", "cuda"}});
+  v.field(c.device, "device", "Where to train: auto (CUDA when available), cpu or cuda.",
+          Choices{{"auto", "cpu", "cuda"}});
 }
 
 // --- memory -----------------------------------------------------------------------------
@@ -229,9 +299,14 @@ struct MemoryConfig {
 
 template <class V>
 void visit_fields(V& v, MemoryConfig& c) {
-  v.field(c.device_memory, "device_memory", "Memory budget per device: auto (what the device reports), a size (\"80GiB\") or a GPU name (\"H100-80GB\").");
-  v.field(c.safety_margin, "safety_margin", "Fraction of the budget kept free for fragmentation and workspace.", RealRange{0, 0.9});
-  v.field(c.simulate_device_bytes, "simulate_device_bytes", "CPU only: cap tracked tensor memory at this size (a budgeted allocator), to exercise OOM recovery; 0 = off.");
+  v.field(c.device_memory, "device_memory",
+          "Memory budget per device: auto (what the device reports), a size (\"80GiB\") or a GPU "
+          "name (\"H100-80GB\").");
+  v.field(c.safety_margin, "safety_margin",
+          "Fraction of the budget kept free for fragmentation and workspace.", RealRange{0, 0.9});
+  v.field(c.simulate_device_bytes, "simulate_device_bytes",
+          "CPU only: cap tracked tensor memory at this size (a budgeted allocator), to exercise "
+          "OOM recovery; 0 = off.");
 }
 
 // --- distributed ------------------------------------------------------------------------
@@ -243,8 +318,12 @@ struct DistributedConfig {
 
 template <class V>
 void visit_fields(V& v, DistributedConfig& c) {
-  v.field(c.backend, "backend", "Collective backend: auto (NCCL on CUDA, Gloo on CPU), nccl or gloo.", Choices{{"auto", "nccl", "gloo"}});
-  v.field(c.timeout_s, "timeout_s", "A collective that waits longer than this fails the run instead of hanging.", IntRange{1, 86400 * 7});
+  v.field(c.backend, "backend",
+          "Collective backend: auto (NCCL on CUDA, Gloo on CPU), nccl or gloo.",
+          Choices{{"auto", "nccl", "gloo"}});
+  v.field(c.timeout_s, "timeout_s",
+          "A collective that waits longer than this fails the run instead of hanging.",
+          IntRange{1, 86400 * 7});
 }
 
 // --- output -----------------------------------------------------------------------------
@@ -259,9 +338,14 @@ struct OutputConfig {
 template <class V>
 void visit_fields(V& v, OutputConfig& c) {
   v.field(c.dir, "dir", "Run directory: resolved config, metrics.jsonl, checkpoints.");
-  v.field(c.checkpoint_every, "checkpoint_every", "Save every N steps (and always at the end); 0 = only at the end.", IntRange{0, INT64_MAX});
-  v.field(c.keep_checkpoints, "keep_checkpoints", "Complete checkpoints kept; older ones are deleted.", IntRange{1, 1 << 20});
-  v.field(c.resume, "resume", "auto: continue from the newest complete checkpoint in dir; never: start fresh.", Choices{{"auto", "never"}});
+  v.field(c.checkpoint_every, "checkpoint_every",
+          "Save every N steps (and always at the end); 0 = only at the end.",
+          IntRange{0, INT64_MAX});
+  v.field(c.keep_checkpoints, "keep_checkpoints",
+          "Complete checkpoints kept; older ones are deleted.", IntRange{1, 1 << 20});
+  v.field(c.resume, "resume",
+          "auto: continue from the newest complete checkpoint in dir; never: start fresh.",
+          Choices{{"auto", "never"}});
 }
 
 // --- log --------------------------------------------------------------------------------
@@ -275,10 +359,15 @@ struct LogConfig {
 
 template <class V>
 void visit_fields(V& v, LogConfig& c) {
-  v.field(c.level, "level", "Log level of rank 0.", Choices{{"trace", "debug", "info", "warn", "error", "off"}});
-  v.field(c.every_steps, "every_steps", "Progress line every N steps when stderr is not a terminal.", IntRange{1, INT64_MAX});
-  v.field(c.color, "color", "Coloured logs: auto (only on a terminal and without NO_COLOR), always or never.", Choices{{"auto", "always", "never"}});
-  v.field(c.all_ranks, "all_ranks", "Log every rank at `level` (otherwise ranks > 0 log warnings only).");
+  v.field(c.level, "level", "Log level of rank 0.",
+          Choices{{"trace", "debug", "info", "warn", "error", "off"}});
+  v.field(c.every_steps, "every_steps",
+          "Progress line every N steps when stderr is not a terminal.", IntRange{1, INT64_MAX});
+  v.field(c.color, "color",
+          "Coloured logs: auto (only on a terminal and without NO_COLOR), always or never.",
+          Choices{{"auto", "always", "never"}});
+  v.field(c.all_ranks, "all_ranks",
+          "Log every rank at `level` (otherwise ranks > 0 log warnings only).");
 }
 
 // --- the whole ----------------------------------------------------------------------------

@@ -20,8 +20,8 @@ namespace vlm {
 
 struct LoadedConfig {
   Config config;
-  std::string source;                                // the config file ("" = built-in defaults)
-  std::map<std::string, SourceLocation> locations;   // key path -> where it was last set
+  std::string source;                               // the config file ("" = built-in defaults)
+  std::map<std::string, SourceLocation> locations;  // key path -> where it was last set
   std::vector<std::string> warnings;
 
   // Where `key` (e.g. "train.batch_size") was set; the config file (no line) when defaulted.

@@ -52,18 +52,17 @@ void check_model(const LoadedConfig& loaded, Checker& check) {
 
 void check_images_and_packing(const Config& c, Checker& check) {
   const int64_t crop = c.model.dims.vision.image_size;
-  check.require(c.data.max_img_size % crop == 0, "data.max_img_size",
-                "data.max_img_size = " + std::to_string(c.data.max_img_size) +
-                    " must be a multiple of the crop size model.vision.image_size = " +
-                    std::to_string(crop));
-  check.require(c.data.image_mean.size() == 3, "data.image_mean",
-                "data.image_mean needs 3 values (R, G, B), got " +
-                    std::to_string(c.data.image_mean.size()));
-  check.require(c.data.image_std.size() == 3, "data.image_std",
-                "data.image_std needs 3 values (R, G, B), got " +
-                    std::to_string(c.data.image_std.size()));
-  check.require(c.model.dims.language.max_position >= c.packing.max_seq_len,
-                "packing.max_seq_len",
+  check.require(
+      c.data.max_img_size % crop == 0, "data.max_img_size",
+      "data.max_img_size = " + std::to_string(c.data.max_img_size) +
+          " must be a multiple of the crop size model.vision.image_size = " + std::to_string(crop));
+  check.require(
+      c.data.image_mean.size() == 3, "data.image_mean",
+      "data.image_mean needs 3 values (R, G, B), got " + std::to_string(c.data.image_mean.size()));
+  check.require(
+      c.data.image_std.size() == 3, "data.image_std",
+      "data.image_std needs 3 values (R, G, B), got " + std::to_string(c.data.image_std.size()));
+  check.require(c.model.dims.language.max_position >= c.packing.max_seq_len, "packing.max_seq_len",
                 "packing.max_seq_len = " + std::to_string(c.packing.max_seq_len) +
                     " exceeds model.language.max_position = " +
                     std::to_string(c.model.dims.language.max_position));
@@ -89,9 +88,10 @@ void check_images_and_packing(const Config& c, Checker& check) {
   const int64_t per_crop = spec::image_tokens_per_crop(c.model.dims);
   const int64_t strip = c.data.resize_to_max ? c.data.max_img_size / crop : 1;
   const int64_t cheapest = spec::image_lm_tokens(1, strip, per_crop);
-  const std::string how = strip > 1 ? "1x" + std::to_string(strip) + " crops + global at max_img_size " +
-                                          std::to_string(c.data.max_img_size)
-                                    : "1 crop";
+  const std::string how = strip > 1
+                              ? "1x" + std::to_string(strip) + " crops + global at max_img_size " +
+                                    std::to_string(c.data.max_img_size)
+                              : "1 crop";
   const int64_t reachable = c.packing.max_seq_len / cheapest;
   const int64_t wanted = c.packing.max_images_per_knapsack;
   if (wanted > reachable) {
@@ -99,8 +99,7 @@ void check_images_and_packing(const Config& c, Checker& check) {
                "packing.max_images_per_knapsack = " + std::to_string(wanted) +
                    " can never be reached: the cheapest image costs " + std::to_string(cheapest) +
                    " tokens (" + how + "), so at most " + std::to_string(reachable) +
-                   " images fit in packing.max_seq_len = " +
-                   std::to_string(c.packing.max_seq_len));
+                   " images fit in packing.max_seq_len = " + std::to_string(c.packing.max_seq_len));
   }
 }
 

@@ -69,8 +69,11 @@ const YAML::Node* YamlReader::find(const char* key) {
 const YAML::Node* YamlReader::scalar(const char* key, const char* expected) {
   const YAML::Node* node = find(key);
   if (node && !node->IsScalar()) {
-    fail(*node, key, std::string("expected ") + expected + ", got a " +
-                         (node->IsMap() ? "mapping" : node->IsSequence() ? "list" : "null value"));
+    fail(*node, key,
+         std::string("expected ") + expected + ", got a " +
+             (node->IsMap()        ? "mapping"
+              : node->IsSequence() ? "list"
+                                   : "null value"));
   }
   return node;
 }
@@ -162,8 +165,9 @@ void YamlReader::field(std::string& value, const char* key, const char*, const C
   const std::string text = node->Scalar();
   if (std::find(choices.values.begin(), choices.values.end(), text) == choices.values.end()) {
     const std::string near = closest_match(text, choices.values);
-    fail(*node, key, shown(text) + " is not allowed: " + describe(choices) +
-                         (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+    fail(*node, key,
+         shown(text) + " is not allowed: " + describe(choices) +
+             (near.empty() ? "" : " (did you mean '" + near + "'?)"));
   }
   value = text;
 }
@@ -173,8 +177,9 @@ void YamlReader::field(ByteSize& value, const char* key, const char*, NoConstrai
   if (!node) return;
   const auto parsed = parse_bytes(node->Scalar());
   if (!parsed) {
-    fail(*node, key, "expected a byte size such as 0, 1073741824, \"512MiB\" or \"80GiB\", got " +
-                         shown(node->Scalar()));
+    fail(*node, key,
+         "expected a byte size such as 0, 1073741824, \"512MiB\" or \"80GiB\", got " +
+             shown(node->Scalar()));
   }
   value.bytes = *parsed;
 }
@@ -190,8 +195,9 @@ void YamlReader::field(std::vector<double>& value, const char* key, const char*,
     const auto v = element.IsScalar() ? parse_real(element.Scalar()) : std::nullopt;
     if (!v) fail(element, key, "element " + std::to_string(i) + " is not a number");
     if (!in_range(*v, range)) {
-      fail(element, key, "element " + std::to_string(i) + " = " + element.Scalar() +
-                              " is out of range: allowed " + describe(range));
+      fail(element, key,
+           "element " + std::to_string(i) + " = " + element.Scalar() +
+               " is out of range: allowed " + describe(range));
     }
     parsed.push_back(*v);
   }
@@ -203,7 +209,8 @@ void YamlReader::before_section(ModelConfig& model, const YAML::Node& node) {
   const YAML::Node preset = node["preset"];
   if (!preset || !preset.IsScalar()) return;
   const auto& names = spec::preset_names();
-  if (std::find(names.begin(), names.end(), preset.Scalar()) == names.end()) return;  // reported by field()
+  if (std::find(names.begin(), names.end(), preset.Scalar()) == names.end())
+    return;  // reported by field()
   model.dims = spec::preset(preset.Scalar());
 }
 
@@ -261,8 +268,7 @@ void SchemaLister::field(const bool& v, const char* key, const char* doc, NoCons
 void SchemaLister::field(const std::string& v, const char* key, const char* doc, NoConstraint) {
   add(key, "string", double_quoted(v), "", doc);
 }
-void SchemaLister::field(const std::string& v, const char* key, const char* doc,
-                         const Choices& c) {
+void SchemaLister::field(const std::string& v, const char* key, const char* doc, const Choices& c) {
   add(key, "enum", double_quoted(v), describe(c), doc);
 }
 void SchemaLister::field(const ByteSize& v, const char* key, const char* doc, NoConstraint) {

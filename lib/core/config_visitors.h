@@ -20,8 +20,8 @@ struct NoConstraint {};
 
 // Where values come from: a config file, or one --set override.
 struct Source {
-  std::string name;        // "configs/demo.yaml" or "--set train.batch_size=0"
-  bool has_lines = true;   // overrides have no meaningful line numbers
+  std::string name;       // "configs/demo.yaml" or "--set train.batch_size=0"
+  bool has_lines = true;  // overrides have no meaningful line numbers
   SourceLocation at(const YAML::Node& node) const;
 };
 
@@ -60,7 +60,8 @@ class YamlReader {
     for (size_t i = 0; i < node->size(); ++i) {
       const YAML::Node element = (*node)[i];
       const std::string element_path = path(key) + "[" + std::to_string(i) + "]";
-      if (!element.IsMap()) fail(element, key, "list element " + std::to_string(i) + " must be a mapping");
+      if (!element.IsMap())
+        fail(element, key, "list element " + std::to_string(i) + " must be a mapping");
       S item{};
       YamlReader child(element, element_path + ".", source_, out_);
       visit_fields(child, item);

@@ -14,12 +14,12 @@ namespace vlm {
 // Documented in README.md ("Exit codes"); job scripts rely on these numbers.
 enum class ExitCode : int {
   kOk = 0,
-  kInternal = 1,         // a bug: an unexpected exception
-  kUsage = 2,            // bad command line or config (file:line in the message)
-  kData = 3,             // dataset / manifest / image / tokenizer problems beyond the ceiling
-  kTrainingFailed = 4,   // unrecoverable training failure (NaN loss streak, rank failure, ...)
-  kOutOfMemory = 5,      // out of memory even at the smallest micro-batch split
-  kStoppedBySignal = 75, // SIGTERM/SIGUSR1: checkpoint saved, requeue me (EX_TEMPFAIL)
+  kInternal = 1,          // a bug: an unexpected exception
+  kUsage = 2,             // bad command line or config (file:line in the message)
+  kData = 3,              // dataset / manifest / image / tokenizer problems beyond the ceiling
+  kTrainingFailed = 4,    // unrecoverable training failure (NaN loss streak, rank failure, ...)
+  kOutOfMemory = 5,       // out of memory even at the smallest micro-batch split
+  kStoppedBySignal = 75,  // SIGTERM/SIGUSR1: checkpoint saved, requeue me (EX_TEMPFAIL)
 };
 
 // A position in a text input (config, manifest). line and column are 1-based; 0 = unknown.

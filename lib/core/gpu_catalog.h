@@ -10,10 +10,11 @@
 namespace vlm {
 
 struct GpuInfo {
-  std::string name;            // canonical, e.g. "H100-80GB"
-  int64_t memory_bytes;        // usable device memory as the driver reports it
-  double peak_bf16_flops;      // dense, no sparsity (vendor datasheets)
-  std::vector<std::string> aliases;  // lowercase names a device may report ("nvidia h100 80gb hbm3")
+  std::string name;        // canonical, e.g. "H100-80GB"
+  int64_t memory_bytes;    // usable device memory as the driver reports it
+  double peak_bf16_flops;  // dense, no sparsity (vendor datasheets)
+  std::vector<std::string>
+      aliases;  // lowercase names a device may report ("nvidia h100 80gb hbm3")
 };
 
 const std::vector<GpuInfo>& gpu_catalog();

@@ -10,8 +10,8 @@
 namespace vlm {
 
 struct LogOptions {
-  std::string level = "info";   // trace, debug, info, warn, error, off
-  std::string color = "auto";   // auto, always, never
+  std::string level = "info";  // trace, debug, info, warn, error, off
+  std::string color = "auto";  // auto, always, never
   int rank = 0;
   bool all_ranks = false;
 };

@@ -22,7 +22,9 @@ class Rng {
   // Uniform in [0, n), unbiased (Lemire's multiply-shift with rejection); n > 0.
   uint64_t below(uint64_t n);
   // Uniform in [lo, hi] inclusive.
-  int64_t between(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(below(static_cast<uint64_t>(hi - lo) + 1)); }
+  int64_t between(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(below(static_cast<uint64_t>(hi - lo) + 1));
+  }
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 

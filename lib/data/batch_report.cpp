@@ -41,14 +41,22 @@ double MicroBatchStats::padding_pct() const {
 }
 
 nlohmann::json MicroBatchStats::to_json() const {
-  return {{"step", step},           {"rank", rank},
-          {"micro_step", micro_step}, {"packs", packs},
-          {"samples", samples},     {"samples_per_pack", samples_per_pack},
-          {"tokens", tokens},       {"row_length", row_length},
-          {"padding_tokens", padding_tokens}, {"padding_pct", padding_pct()},
-          {"images", images},       {"crops", crops},
-          {"vit_tokens", vit_tokens}, {"supervised_tokens", supervised},
-          {"predicted_bytes", predicted_bytes}, {"cost", cost}};
+  return {{"step", step},
+          {"rank", rank},
+          {"micro_step", micro_step},
+          {"packs", packs},
+          {"samples", samples},
+          {"samples_per_pack", samples_per_pack},
+          {"tokens", tokens},
+          {"row_length", row_length},
+          {"padding_tokens", padding_tokens},
+          {"padding_pct", padding_pct()},
+          {"images", images},
+          {"crops", crops},
+          {"vit_tokens", vit_tokens},
+          {"supervised_tokens", supervised},
+          {"predicted_bytes", predicted_bytes},
+          {"cost", cost}};
 }
 
 void BatchReport::add_step(int64_t step, const StepPlan& plan) {
@@ -57,6 +65,7 @@ void BatchReport::add_step(int64_t step, const StepPlan& plan) {
   for (size_t r = 0; r < plan.micro_batches.size(); ++r) {
     for (size_t m = 0; m < plan.micro_batches[r].size(); ++m) {
       const MicroBatch& mb = plan.micro_batches[r][m];
+      if (mb.packs.empty()) continue;  // an idle slot at the end of a finite stream
       MicroBatchStats s;
       s.step = step;
       s.rank = static_cast<int64_t>(r);
@@ -119,7 +128,8 @@ nlohmann::json BatchReport::to_json(bool with_micro_batches, const nlohmann::jso
       {"crops_per_micro_batch", distribution(collect(micro_, [](auto& m) { return m.crops; }))},
       {"images_per_micro_batch", distribution(collect(micro_, [](auto& m) { return m.images; }))},
       {"tokens_per_micro_batch", distribution(collect(micro_, [](auto& m) { return m.tokens; }))},
-      {"rank_imbalance", {{"ranks", context_.ranks}, {"mean", mean_imbalance}, {"max", max_imbalance}}},
+      {"rank_imbalance",
+       {{"ranks", context_.ranks}, {"mean", mean_imbalance}, {"max", max_imbalance}}},
       {"worst_micro_batch", worst ? worst->to_json() : nlohmann::json()},
       {"theoretical_worst",
        {{"max_crops_per_image", context_.worst.max_crops_per_image},
@@ -152,8 +162,10 @@ std::string draw_histogram(const std::vector<int64_t>& values, int bins, bool un
     const int64_t from = lo + static_cast<int64_t>(b) * width;
     const int64_t to = from + width - 1;
     char label[48];
-    std::snprintf(label, sizeof label, "%8s", (width == 1 ? std::to_string(from)
-                                                          : std::to_string(from) + "-" + std::to_string(to)).c_str());
+    std::snprintf(
+        label, sizeof label, "%8s",
+        (width == 1 ? std::to_string(from) : std::to_string(from) + "-" + std::to_string(to))
+            .c_str());
     const int bar = static_cast<int>(std::lround(40.0 * counts[b] / std::max<int64_t>(1, most)));
     std::string bars;
     for (int i = 0; i < bar; ++i) bars += unicode ? "\u2588" : "#";
@@ -166,16 +178,16 @@ std::string BatchReport::to_text(const nlohmann::json& extra, bool unicode) cons
   const nlohmann::json j = to_json(false, extra);
   std::ostringstream out;
   out << "steps " << j["steps"] << ", micro-batches " << j["micro_batches"] << ", packs "
-      << j["packs"] << ", samples " << j["samples"] << " (" << fixed(j["samples_per_pack"].get<double>(), 2)
-      << " per pack)\n";
+      << j["packs"] << ", samples " << j["samples"] << " ("
+      << fixed(j["samples_per_pack"].get<double>(), 2) << " per pack)\n";
   out << "token fill " << fixed(j["token_fill_pct"].get<double>(), 2) << "% of "
       << context_.max_seq_len << "-token rows; padding in collated batches "
       << fixed(j["padding_pct"].get<double>(), 2) << "%\n";
   out << "images " << j["images"] << ", crops " << j["crops"] << ", ViT tokens " << j["vit_tokens"]
       << ", supervised tokens " << j["supervised_tokens"] << "\n";
   const auto& imb = j["rank_imbalance"];
-  out << "rank balance over " << imb["ranks"] << " ranks: max/mean cost - 1 = "
-      << fixed(100 * imb["mean"].get<double>(), 2) << "% mean, "
+  out << "rank balance over " << imb["ranks"]
+      << " ranks: max/mean cost - 1 = " << fixed(100 * imb["mean"].get<double>(), 2) << "% mean, "
       << fixed(100 * imb["max"].get<double>(), 2) << "% worst step\n";
   out << "\ncrops per micro-batch:\n"
       << draw_histogram(collect(micro_, [](auto& m) { return m.crops; }), 10, unicode);

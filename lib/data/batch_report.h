@@ -25,7 +25,7 @@ struct MicroBatchStats {
   int64_t padding_tokens = 0;  // packs * row_length - tokens
   int64_t images = 0;
   int64_t crops = 0;
-  int64_t vit_tokens = 0;      // crops * patches per crop
+  int64_t vit_tokens = 0;  // crops * patches per crop
   int64_t supervised = 0;
   int64_t predicted_bytes = 0;
   double cost = 0;

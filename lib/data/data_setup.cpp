@@ -12,7 +12,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& source) {
 
 std::vector<DatasetSpec> dataset_specs(const std::vector<DatasetConfig>& datasets) {
   std::vector<DatasetSpec> specs;
-  for (const auto& d : datasets) specs.push_back({d.path, d.weight, parse_manifest_format(d.format)});
+  for (const auto& d : datasets)
+    specs.push_back({d.path, d.weight, parse_manifest_format(d.format)});
   return specs;
 }
 
@@ -83,7 +84,8 @@ DataSetup::DataSetup(const Config& config, int64_t ranks) : config_(config) {
                         " (model.language.vocab_size + model.language.extra_tokens)",
                     SourceLocation{config.model.tokenizer});
   }
-  chat_ = std::make_unique<ChatTemplate>(*tokenizer_, spec::image_tokens_per_crop(config.model.dims));
+  chat_ =
+      std::make_unique<ChatTemplate>(*tokenizer_, spec::image_tokens_per_crop(config.model.dims));
 
   builder_ = std::make_unique<SampleBuilder>(*chat_, grid_options(config));
   skips_ = std::make_unique<SkipCounter>(config.data.max_skipped_fraction,

@@ -105,7 +105,8 @@ HostBatch collate_host_batch(const MicroBatch& micro,
     }
   }
   for (size_t i = 0; i < cells; ++i) {
-    if (b.input_ids[i] == options.image_token_id) b.image_token_index.push_back(static_cast<int64_t>(i));
+    if (b.input_ids[i] == options.image_token_id)
+      b.image_token_index.push_back(static_cast<int64_t>(i));
     if (b.labels[i] != kIgnoreLabel) ++b.supervised_tokens;
   }
   return b;
@@ -117,7 +118,8 @@ MicroBatch micro_batch_of(std::vector<Pack> packs, const MicroBatch& like) {
   MicroBatch m;
   m.packs = std::move(packs);
   for (const Pack& p : m.packs) m.shape.add(p);
-  m.cost = like.cost * (like.shape.tokens > 0 ? static_cast<double>(m.shape.tokens) / like.shape.tokens : 0.5);
+  m.cost = like.cost *
+           (like.shape.tokens > 0 ? static_cast<double>(m.shape.tokens) / like.shape.tokens : 0.5);
   return m;
 }
 
@@ -125,7 +127,8 @@ MicroBatch micro_batch_of(std::vector<Pack> packs, const MicroBatch& like) {
 
 std::optional<std::pair<MicroBatch, MicroBatch>> split_micro_batch(const MicroBatch& micro) {
   if (micro.packs.size() >= 2) {
-    const auto half = micro.packs.begin() + static_cast<std::ptrdiff_t>((micro.packs.size() + 1) / 2);
+    const auto half =
+        micro.packs.begin() + static_cast<std::ptrdiff_t>((micro.packs.size() + 1) / 2);
     return std::make_pair(micro_batch_of({micro.packs.begin(), half}, micro),
                           micro_batch_of({half, micro.packs.end()}, micro));
   }

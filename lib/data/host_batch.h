@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/image_crops.h"
@@ -18,8 +18,8 @@
 namespace vlm::data {
 
 struct HostBatch {
-  int64_t rows = 0;        // packs
-  int64_t row_length = 0;  // T: every row is padded to the longest (rounded up to 8)
+  int64_t rows = 0;                   // packs
+  int64_t row_length = 0;             // T: every row is padded to the longest (rounded up to 8)
   std::vector<int32_t> input_ids;     // [rows * T]
   std::vector<int32_t> position_ids;  // [rows * T], restarting at 0 per sample
   std::vector<int32_t> labels;        // [rows * T], -100 = no loss
@@ -48,12 +48,12 @@ struct HostBatch {
 };
 
 struct CollateOptions {
-  int64_t crop_size = 0;        // the ViT input side
+  int64_t crop_size = 0;  // the ViT input side
   int32_t pad_id = 0;
-  int32_t image_token_id = 0;   // <|image|>
+  int32_t image_token_id = 0;  // <|image|>
   int64_t image_tokens_per_crop = 0;
   NormalizeOptions normalize;
-  bool decode_images = true;    // false: leave crops empty (planning-only inspection)
+  bool decode_images = true;  // false: leave crops empty (planning-only inspection)
 };
 
 // `samples` holds the built sample of every item of every pack of `micro`, in order (nullptr

@@ -26,7 +26,8 @@ std::vector<std::unique_ptr<Manifest>> open_all(const std::vector<DatasetSpec>& 
 }  // namespace
 
 DatasetSource::DatasetSource(const std::vector<DatasetSpec>& datasets, const SampleBuilder& builder,
-                             const SkipCounter& skip_limits, uint64_t seed, bool shuffle, bool one_pass)
+                             const SkipCounter& skip_limits, uint64_t seed, bool shuffle,
+                             bool one_pass)
     : manifests_(open_all(datasets)),
       builder_(builder),
       skips_(std::make_unique<SkipCounter>(skip_limits)),
@@ -84,8 +85,11 @@ nlohmann::json DatasetSource::state(const std::vector<uint64_t>& in_flight) cons
     const SampleRef& r = refs_.at(id);
     refs.push_back({id, r.dataset, r.index, r.epoch});
   }
-  return {{"stream", stream_.state()}, {"draws", draws_}, {"next_id", next_id_},
-          {"in_flight", refs}, {"skips", skips_->to_json()}};
+  return {{"stream", stream_.state()},
+          {"draws", draws_},
+          {"next_id", next_id_},
+          {"in_flight", refs},
+          {"skips", skips_->to_json()}};
 }
 
 void DatasetSource::restore(const nlohmann::json& state) {
@@ -100,10 +104,11 @@ void DatasetSource::restore(const nlohmann::json& state) {
     const SampleRef ref{r.at(1).get<uint32_t>(), r.at(2).get<uint64_t>(), r.at(3).get<uint64_t>()};
     std::optional<BuiltSample> sample = build(ref);
     if (!sample) {
-      throw DataError("a sample that was packed before the checkpoint can no longer be read "
-                      "(did the dataset change?)",
-                      SourceLocation{manifests_.at(ref.dataset)->path(),
-                                     manifests_[ref.dataset]->line_number(ref.index)});
+      throw DataError(
+          "a sample that was packed before the checkpoint can no longer be read "
+          "(did the dataset change?)",
+          SourceLocation{manifests_.at(ref.dataset)->path(),
+                         manifests_[ref.dataset]->line_number(ref.index)});
     }
     built_.emplace(id, std::make_shared<const BuiltSample>(std::move(*sample)));
     refs_.emplace(id, ref);

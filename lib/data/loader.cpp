@@ -5,10 +5,11 @@
 namespace vlm::data {
 
 int64_t host_batch_bytes(const HostBatch& b) {
-  return static_cast<int64_t>(b.crops.size() * sizeof(float) +
-                              (b.input_ids.size() + b.position_ids.size() + b.labels.size() +
-                               b.cu_seqlens.size()) * sizeof(int32_t) +
-                              b.image_token_index.size() * sizeof(int64_t));
+  return static_cast<int64_t>(
+      b.crops.size() * sizeof(float) +
+      (b.input_ids.size() + b.position_ids.size() + b.labels.size() + b.cu_seqlens.size()) *
+          sizeof(int32_t) +
+      b.image_token_index.size() * sizeof(int64_t));
 }
 
 Loader::Loader(PlanningPipeline& pipeline, LoaderOptions options)
@@ -39,7 +40,8 @@ void Loader::produce() {
     for (;;) {
       std::optional<PlannedStep> planned = pipeline_.next_step();
       if (!planned) break;
-      Pending pending{planned->step, std::move(planned->plan), std::move(planned->cursor_after), {}};
+      Pending pending{
+          planned->step, std::move(planned->plan), std::move(planned->cursor_after), {}};
       const auto& mine = pending.plan.micro_batches.at(static_cast<size_t>(options_.rank));
       // A step is handed over whole, so the queue must hold at least one step.
       const int64_t capacity =
@@ -48,15 +50,14 @@ void Loader::produce() {
         // Wait for room: at most `capacity` micro-batches ahead of training.
         {
           std::unique_lock<std::mutex> lock(mutex_);
-          changed_.wait(lock, [this, capacity] {
-            return stopping_ || queued_batches_ < capacity;
-          });
+          changed_.wait(lock, [this, capacity] { return stopping_ || queued_batches_ < capacity; });
           if (stopping_) return;
           ++queued_batches_;
         }
         std::vector<std::shared_ptr<const BuiltSample>> samples;
         for (const Pack& pack : micro.packs) {
-          for (const PackItem& item : pack.items) samples.push_back(pipeline_.sample(item.sample_id));
+          for (const PackItem& item : pack.items)
+            samples.push_back(pipeline_.sample(item.sample_id));
         }
         pending.batches.push_back(workers_.submit([this, micro, samples = std::move(samples)] {
           HostBatch batch = collate_host_batch(micro, samples, options_.collate);
@@ -105,7 +106,8 @@ std::optional<LoadedStep> Loader::next() {
     }
     changed_.notify_all();
   }
-  step.wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  step.wait_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return step;
 }
 

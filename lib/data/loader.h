@@ -1,8 +1,8 @@
 // The rank-local half of the data pipeline: a planner thread runs the PlanningPipeline ahead
 // of training, and worker threads decode, resize, split and collate this rank's micro-batches
 // into HostBatches. At most `prefetch_batches` micro-batches (and never less than one step)
-// wait, so host memory is bounded (and reported). Steps come out in order; errors (e.g. too many bad samples) surface from
-// next() on the training thread.
+// wait, so host memory is bounded (and reported). Steps come out in order; errors (e.g. too many
+// bad samples) surface from next() on the training thread.
 #pragma once
 
 #include <atomic>
@@ -29,10 +29,10 @@ struct LoaderOptions {
 
 struct LoadedStep {
   int64_t step = 0;
-  StepPlan plan;                 // every rank's plan: shapes and the step's N
+  StepPlan plan;                   // every rank's plan: shapes and the step's N
   std::vector<HostBatch> batches;  // this rank's micro-batches, in micro-step order
-  nlohmann::json cursor_after;   // checkpoint this to resume after the step
-  double wait_ms = 0;            // time next() waited for data
+  nlohmann::json cursor_after;     // checkpoint this to resume after the step
+  double wait_ms = 0;              // time next() waited for data
 };
 
 class Loader {

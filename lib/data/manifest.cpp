@@ -77,8 +77,8 @@ ParsedLine parse_llava(const json& j, const std::string& dir, RawSample sample) 
     } else if (from == "gpt" || from == "assistant") {
       role = ChatRole::kAssistant;
     } else {
-      return problem("unsupported_role", "conversation role \"" + from +
-                                             "\" (supported: human/user, gpt/assistant)");
+      return problem("unsupported_role",
+                     "conversation role \"" + from + "\" (supported: human/user, gpt/assistant)");
     }
     sample.turns.push_back({role, message["value"].get<std::string>()});
   }
@@ -105,7 +105,8 @@ ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
     } else if (j.contains("conversations")) {
       format = ManifestFormat::kLlava;
     } else {
-      return problem("bad_schema", "neither \"texts\" (the_cauldron) nor \"conversations\" (LLaVA)");
+      return problem("bad_schema",
+                     "neither \"texts\" (the_cauldron) nor \"conversations\" (LLaVA)");
     }
   }
   RawSample sample;
@@ -117,8 +118,10 @@ ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
       return problem("bad_schema", "the conversation must start with a user turn");
     }
     bool any_assistant = false;
-    for (const auto& t : s->turns) any_assistant |= t.role == ChatRole::kAssistant && !t.text.empty();
-    if (!any_assistant) return problem("no_assistant_turn", "no non-empty assistant turn to learn from");
+    for (const auto& t : s->turns)
+      any_assistant |= t.role == ChatRole::kAssistant && !t.text.empty();
+    if (!any_assistant)
+      return problem("no_assistant_turn", "no non-empty assistant turn to learn from");
   }
   return parsed;
 }
@@ -127,7 +130,8 @@ Manifest::Manifest(const std::string& path, ManifestFormat format) : path_(path)
   dir_ = std::filesystem::path(path).parent_path().string();
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
-    throw DataError(std::string("cannot open manifest: ") + std::strerror(errno), SourceLocation{path});
+    throw DataError(std::string("cannot open manifest: ") + std::strerror(errno),
+                    SourceLocation{path});
   }
   // One sequential pass to index lines.
   std::vector<char> buffer(1 << 20);
@@ -149,7 +153,8 @@ Manifest::Manifest(const std::string& path, ManifestFormat format) : path_(path)
     const ssize_t n = ::read(fd_, buffer.data(), buffer.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw DataError(std::string("cannot read manifest: ") + std::strerror(errno), SourceLocation{path});
+      throw DataError(std::string("cannot read manifest: ") + std::strerror(errno),
+                      SourceLocation{path});
     }
     if (n == 0) break;
     for (ssize_t i = 0; i < n; ++i) {
@@ -182,7 +187,8 @@ ParsedLine Manifest::read(size_t index) const {
     const ssize_t n = ::pread(fd_, line.data() + done, line.size() - done,
                               static_cast<off_t>(offsets_[index] + done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return problem("read_error", "cannot read line: " + std::string(std::strerror(errno)));
+    if (n <= 0)
+      return problem("read_error", "cannot read line: " + std::string(std::strerror(errno)));
     done += static_cast<size_t>(n);
   }
   return parse_manifest_line(line, format_, dir_, where);

@@ -22,7 +22,7 @@ namespace vlm::data {
 
 struct RawSample {
   std::vector<std::string> images;  // paths resolved against the manifest's folder
-  std::vector<ChatTurn> turns;          // starts with a user turn, contains an assistant turn
+  std::vector<ChatTurn> turns;      // starts with a user turn, contains an assistant turn
   SourceLocation where;             // manifest:line
 };
 

@@ -7,8 +7,8 @@
 namespace vlm::data {
 
 PackItem BuiltSample::item(uint64_t sample_id) const {
-  return PackItem{sample_id, static_cast<int64_t>(tokens.ids.size()), tokens.images,
-                  tokens.crops, tokens.supervised_tokens};
+  return PackItem{sample_id, static_cast<int64_t>(tokens.ids.size()), tokens.images, tokens.crops,
+                  tokens.supervised_tokens};
 }
 
 SampleBuilder::SampleBuilder(const ChatTemplate& chat, ImageGridOptions grid_options)

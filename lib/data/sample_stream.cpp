@@ -55,7 +55,9 @@ SampleRef SampleStream::next() {
 nlohmann::json SampleStream::state() const {
   nlohmann::json datasets = nlohmann::json::array();
   for (const auto& ds : datasets_) {
-    datasets.push_back({{"size", ds.size}, {"current", ds.current}, {"epoch", ds.epoch},
+    datasets.push_back({{"size", ds.size},
+                        {"current", ds.current},
+                        {"epoch", ds.epoch},
                         {"position", ds.position}});
   }
   return {{"seed", seed_}, {"shuffle", shuffle_}, {"datasets", datasets}};

@@ -39,7 +39,7 @@ class SampleStream {
   struct Dataset {
     uint64_t size = 0;
     double weight = 0;
-    double current = 0;   // smooth weighted round-robin credit
+    double current = 0;  // smooth weighted round-robin credit
     uint64_t epoch = 0;
     uint64_t position = 0;
     std::vector<uint64_t> order;  // permutation of this epoch (empty when not shuffling)

@@ -19,9 +19,11 @@ void SkipCounter::skip(const std::string& reason, const std::string& message,
                  n == log_first_ ? " (further '" + reason + "' skips are only counted)" : "");
   }
   const int64_t seen = std::max(seen_, skipped_);
-  if (skipped_ >= min_count_ && static_cast<double>(skipped_) > max_fraction_ * static_cast<double>(seen)) {
+  if (skipped_ >= min_count_ &&
+      static_cast<double>(skipped_) > max_fraction_ * static_cast<double>(seen)) {
     std::string detail;
-    for (const auto& [r, c] : counts_) detail += (detail.empty() ? "" : ", ") + r + ": " + std::to_string(c);
+    for (const auto& [r, c] : counts_)
+      detail += (detail.empty() ? "" : ", ") + r + ": " + std::to_string(c);
     throw DataError("too many malformed samples: " + std::to_string(skipped_) + " of " +
                         std::to_string(seen) + " skipped (" + detail +
                         "), above data.max_skipped_fraction; the last one was here",

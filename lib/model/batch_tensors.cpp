@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-
 namespace vlm::model {
 namespace {
 
@@ -19,9 +18,9 @@ VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device) {
   b.input_ids = int64_tensor(host.input_ids, shape).to(device);
   b.position_ids = int64_tensor(host.position_ids, shape).to(device);
   b.labels = int64_tensor(host.labels, shape).to(device);
-  b.cu_seqlens = int64_tensor(host.cu_seqlens, {static_cast<int64_t>(host.cu_seqlens.size())}).to(device);
-  b.image_token_index =
-      torch::tensor(host.image_token_index, torch::kInt64).to(device);
+  b.cu_seqlens =
+      int64_tensor(host.cu_seqlens, {static_cast<int64_t>(host.cu_seqlens.size())}).to(device);
+  b.image_token_index = torch::tensor(host.image_token_index, torch::kInt64).to(device);
   if (host.num_crops > 0 && !host.crops.empty()) {
     b.crops = torch::from_blob(const_cast<float*>(host.crops.data()),
                                {host.num_crops, 3, host.crop_size, host.crop_size}, torch::kFloat32)

@@ -3,8 +3,8 @@
 #include <torch/torch.h>
 
 #include <stdexcept>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "runtime/compat.h"
 

@@ -14,7 +14,9 @@ std::string torch_version() {
 
 bool cuda_available() { return torch::cuda::is_available(); }
 
-int cuda_device_count() { return cuda_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+int cuda_device_count() {
+  return cuda_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
 
 #if !defined(VLM_WITH_CUDA)
 // CUDA builds define this in torch_info_cuda.cpp.

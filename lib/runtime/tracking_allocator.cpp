@@ -4,12 +4,12 @@
 
 #include <c10/core/CPUAllocator.h>
 
-#include <cstring>
 #include <array>
+#include <cstring>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 
 namespace vlm::runtime {
 

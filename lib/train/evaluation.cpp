@@ -32,7 +32,8 @@ std::optional<Question> first_question(const data::BuiltSample& sample, int32_t 
   if (first == sup.end()) return std::nullopt;
   const size_t start = static_cast<size_t>(first - sup.begin());
   Question q;
-  for (size_t i = start; i < ids.size() && sup[i] && ids[i] != im_end; ++i) q.answer.push_back(ids[i]);
+  for (size_t i = start; i < ids.size() && sup[i] && ids[i] != im_end; ++i)
+    q.answer.push_back(ids[i]);
   auto prompt = std::make_shared<data::BuiltSample>(sample);
   prompt->tokens.ids.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(start));
   prompt->tokens.supervised.assign(start, 0);
@@ -43,9 +44,10 @@ std::optional<Question> first_question(const data::BuiltSample& sample, int32_t 
 
 }  // namespace
 
-std::vector<int32_t> generate_greedy(model::VisionLanguageModel& model, const data::HostBatch& prompt,
-                                     int32_t stop_id, int64_t max_new_tokens,
-                                     const torch::Device& device, Precision precision) {
+std::vector<int32_t> generate_greedy(model::VisionLanguageModel& model,
+                                     const data::HostBatch& prompt, int32_t stop_id,
+                                     int64_t max_new_tokens, const torch::Device& device,
+                                     Precision precision) {
   torch::NoGradGuard no_grad;
   model::VlmBatch batch = model::to_tensors(prompt, device);
   std::vector<int64_t> ids(prompt.input_ids.begin(),
@@ -91,8 +93,8 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
         const model::VlmOutput out = model->forward(batch);
         loss_sum += out.loss_sum.item<double>();
         result.supervised_tokens += out.supervised_tokens.item<int64_t>();
-        const bool want_more = options.generate < 0 ||
-                               static_cast<int64_t>(questions.size()) < options.generate;
+        const bool want_more =
+            options.generate < 0 || static_cast<int64_t>(questions.size()) < options.generate;
         if (comm.rank() == 0 && want_more) {
           for (const auto& sample : host.source_samples) {
             if (auto q = first_question(*sample, im_end)) questions.push_back(std::move(*q));
@@ -101,8 +103,9 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
       }
     }
   }
-  const std::vector<double> totals = comm.all_reduce_sum(
-      {loss_sum, static_cast<double>(result.supervised_tokens), static_cast<double>(result.samples)});
+  const std::vector<double> totals =
+      comm.all_reduce_sum({loss_sum, static_cast<double>(result.supervised_tokens),
+                           static_cast<double>(result.samples)});
   result.supervised_tokens = static_cast<int64_t>(totals[1]);
   result.samples = static_cast<int64_t>(totals[2]);
   result.loss = result.supervised_tokens ? totals[0] / totals[1] : 0.0;
@@ -117,9 +120,10 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
       pack.add(q.prompt->item(0));
       micro.packs.push_back(pack);
       micro.shape.add(pack);
-      const data::HostBatch prompt = data::collate_host_batch(micro, {q.prompt}, loader_options.collate);
-      const auto answer = generate_greedy(model, prompt, im_end, options.max_new_tokens, device,
-                                          options.precision);
+      const data::HostBatch prompt =
+          data::collate_host_batch(micro, {q.prompt}, loader_options.collate);
+      const auto answer =
+          generate_greedy(model, prompt, im_end, options.max_new_tokens, device, options.precision);
       GeneratedAnswer g;
       g.expected = setup.tokenizer().decode(q.answer);
       g.answer = setup.tokenizer().decode(answer);
@@ -127,7 +131,8 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
       g.question = q.prompt->where.str();
       ++result.answered;
       result.correct += g.correct ? 1 : 0;
-      if (static_cast<int64_t>(result.examples.size()) < options.examples) result.examples.push_back(g);
+      if (static_cast<int64_t>(result.examples.size()) < options.examples)
+        result.examples.push_back(g);
     }
   }
   comm.barrier();

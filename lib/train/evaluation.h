@@ -24,8 +24,8 @@ struct EvalResult {
   double loss = 0;
   int64_t supervised_tokens = 0;
   int64_t samples = 0;
-  int64_t answered = 0;   // questions answered by generation
-  int64_t correct = 0;    // exact matches (trimmed, case-insensitive)
+  int64_t answered = 0;                   // questions answered by generation
+  int64_t correct = 0;                    // exact matches (trimmed, case-insensitive)
   std::vector<GeneratedAnswer> examples;  // the first few, for the log
 
   double accuracy() const { return answered ? static_cast<double>(correct) / answered : 0.0; }
@@ -46,8 +46,9 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
 
 // Greedy decoding after `prompt` (a built sample cut before its first answer) until
 // <|im_end|> or max_new_tokens. Returns the generated ids (without <|im_end|>).
-std::vector<int32_t> generate_greedy(model::VisionLanguageModel& model, const data::HostBatch& prompt,
-                                     int32_t stop_id, int64_t max_new_tokens,
-                                     const torch::Device& device, Precision precision);
+std::vector<int32_t> generate_greedy(model::VisionLanguageModel& model,
+                                     const data::HostBatch& prompt, int32_t stop_id,
+                                     int64_t max_new_tokens, const torch::Device& device,
+                                     Precision precision);
 
 }  // namespace vlm::train

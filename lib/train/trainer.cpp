@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -95,7 +95,8 @@ class FaultInjector {
     std::stringstream ss(spec ? spec : "");
     for (std::string item; std::getline(ss, item, ',');) {
       const auto at = item.find('@');
-      if (at == std::string::npos) throw UsageError("VLMTRAIN_INJECT_FAULT: expected kind@step, got '" + item + "'");
+      if (at == std::string::npos)
+        throw UsageError("VLMTRAIN_INJECT_FAULT: expected kind@step, got '" + item + "'");
       faults_.emplace(item.substr(0, at) + "@" + item.substr(at + 1));
     }
   }
@@ -172,7 +173,8 @@ void Trainer::setup() {
       throw ConfigError("memory.simulate_device_bytes is for CPU runs; on CUDA the device is real",
                         loaded_.where("memory.simulate_device_bytes"));
     }
-    runtime::install_cpu_tracking_allocator().set_cap_bytes(config_.memory.simulate_device_bytes.bytes);
+    runtime::install_cpu_tracking_allocator().set_cap_bytes(
+        config_.memory.simulate_device_bytes.bytes);
   }
   runtime::DistributedOptions dist_options;
   dist_options.timeout = std::chrono::seconds(config_.distributed.timeout_s);
@@ -201,8 +203,8 @@ void Trainer::setup() {
   schedule_ = std::make_unique<LrSchedule>(
       // A warmup longer than the run (a short trial) is cut to the run; the config warned.
       LrScheduleOptions{std::min(config_.train.warmup_steps, config_.train.max_steps),
-                        config_.train.max_steps,
-                        config_.train.min_lr_ratio, parse_lr_decay(config_.train.schedule)});
+                        config_.train.max_steps, config_.train.min_lr_ratio,
+                        parse_lr_decay(config_.train.schedule)});
   if (precision_ == Precision::kFp16) scaler_ = std::make_unique<LossScaler>();
 
   data_ = std::make_unique<data::DataSetup>(config_, dist_.world_size);
@@ -224,7 +226,8 @@ void Trainer::load_initial_weights() {
     for (auto& [name, tensor] : mapped.tensors) weights[name] = tensor;
   };
   if (!config_.model.weights.empty()) {
-    merge(config_.model.weights, model::load_weights(config_.model.weights, config_.model.dims, seed));
+    merge(config_.model.weights,
+          model::load_weights(config_.model.weights, config_.model.dims, seed));
   }
   if (!config_.model.vision_weights.empty()) {
     merge(config_.model.vision_weights,
@@ -267,8 +270,9 @@ void Trainer::save_checkpoint(const nlohmann::json& cursor) {
         {"data_cursor", cursor},
         {"skipped_steps", state_.skipped_steps},
         {"consecutive_nonfinite", state_.consecutive_nonfinite},
-        {"split_cost_cap", std::isfinite(state_.split_cost_cap) ? nlohmann::json(state_.split_cost_cap)
-                                                                : nlohmann::json()},
+        {"split_cost_cap", std::isfinite(state_.split_cost_cap)
+                               ? nlohmann::json(state_.split_cost_cap)
+                               : nlohmann::json()},
         {"clean_steps", state_.clean_steps},
         {"loss_scaler", scaler_ ? scaler_->state() : nlohmann::json()},
         {"cpu_rng_state", std::vector<uint8_t>(rng_bytes, rng_bytes + rng.numel())},
@@ -299,7 +303,8 @@ void Trainer::resume_if_possible() {
                      " (the data plan depends on the world size); start a new output.dir");
   }
   if (s.at("config_hash").get<std::string>() != config_hash(config_)) {
-    spdlog::warn("the config changed since checkpoint {} was written; resuming anyway", dir.string());
+    spdlog::warn("the config changed since checkpoint {} was written; resuming anyway",
+                 dir.string());
   }
   const model::TensorMap weights =
       model::load_weights((dir / "model.safetensors").string(), config_.model.dims, 0).tensors;
@@ -311,9 +316,8 @@ void Trainer::resume_if_possible() {
   state_.step = s.at("step").get<int64_t>();
   state_.skipped_steps = s.at("skipped_steps").get<int64_t>();
   state_.consecutive_nonfinite = s.at("consecutive_nonfinite").get<int64_t>();
-  state_.split_cost_cap = s.at("split_cost_cap").is_null()
-                              ? std::numeric_limits<double>::infinity()
-                              : s.at("split_cost_cap").get<double>();
+  state_.split_cost_cap = s.at("split_cost_cap").is_null() ? std::numeric_limits<double>::infinity()
+                                                           : s.at("split_cost_cap").get<double>();
   state_.clean_steps = s.at("clean_steps").get<int64_t>();
   if (scaler_ && !s.at("loss_scaler").is_null()) scaler_->load_state(s.at("loss_scaler"));
   const auto rng_bytes = s.at("cpu_rng_state").get<std::vector<uint8_t>>();
@@ -335,15 +339,18 @@ void Trainer::run_one(const data::HostBatch& host, double inv_n, StepWork& work)
   torch::Tensor loss_sum;
   {
     AutocastScope autocast(precision_, device_);
-    if (faults_.fire("oom_forward", step)) C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (forward)");
+    if (faults_.fire("oom_forward", step))
+      C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (forward)");
     loss_sum = model_->forward(batch).loss_sum;
-    if (faults_.fire("nan_loss", step)) loss_sum = loss_sum * std::numeric_limits<double>::quiet_NaN();
+    if (faults_.fire("nan_loss", step))
+      loss_sum = loss_sum * std::numeric_limits<double>::quiet_NaN();
   }
   work.forward_ms += ms_since(start);
   start = Clock::now();
   torch::Tensor objective = loss_sum * inv_n;
   if (scaler_) objective = scaler_->scale_loss(objective);
-  if (faults_.fire("oom_backward", step)) C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (backward)");
+  if (faults_.fire("oom_backward", step))
+    C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (backward)");
   objective.backward();
   work.backward_ms += ms_since(start);
   work.loss_sum += loss_sum.item<double>();
@@ -367,7 +374,8 @@ void Trainer::pre_split(std::vector<data::HostBatch>& sub_batches) const {
 // after OOM splits. After each slot every rank joins one flag all-reduce, so all ranks learn of
 // an OOM anywhere at the same point. On OOM: free the step, split the offending sub-batch,
 // redo the step (the gradients of the abandoned attempt are discarded).
-StepWork Trainer::run_micro_batches(std::vector<std::vector<data::HostBatch>>& slots, double inv_n) {
+StepWork Trainer::run_micro_batches(std::vector<std::vector<data::HostBatch>>& slots,
+                                    double inv_n) {
   int64_t retries = 0;
   for (;;) {
     StepWork work;
@@ -385,9 +393,10 @@ StepWork Trainer::run_micro_batches(std::vector<std::vector<data::HostBatch>>& s
           if (!runtime::is_out_of_memory(e)) throw;
           oom_here = true;
           offending = std::make_pair(slot, k);
-          spdlog::warn("out of memory in micro-step {} ({} rows, {} crops): splitting it and "
-                       "redoing the step",
-                       slot, slots[slot][k].rows, slots[slot][k].num_crops);
+          spdlog::warn(
+              "out of memory in micro-step {} ({} rows, {} crops): splitting it and "
+              "redoing the step",
+              slot, slots[slot][k].rows, slots[slot][k].num_crops);
         }
       }
       oom_anywhere = comm_->any_rank_flagged(oom_here);
@@ -444,7 +453,21 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   const double grad_norm = clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip);
   const bool finite = std::isfinite(loss_total) && std::isfinite(grad_norm) && !found_inf;
   if (finite) {
-    optimizer_->step();
+    try {
+      if (faults_.fire("oom_optimizer", state_.step + 1)) {
+        C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (optimizer step)");
+      }
+      optimizer_->step();
+    } catch (const std::exception& e) {
+      if (!runtime::is_out_of_memory(e)) throw;
+      // AdamW updates parameter by parameter: after an OOM inside it some may be updated and
+      // others not, so the step cannot be redone; the last checkpoint is the safe state.
+      throw Error(ExitCode::kOutOfMemory,
+                  "out of memory in the optimizer step " + std::to_string(state_.step + 1) +
+                      " (AdamW keeps two fp32 moments per trainable parameter); the run stops "
+                      "and resumes from its last checkpoint; freeze a module "
+                      "(model.freeze_vision) or train on a larger device");
+    }
     state_.consecutive_nonfinite = 0;
   } else {
     ++state_.skipped_steps;
@@ -485,7 +508,8 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   m.oom_retries = work.oom_retries;
   m.skipped_steps = state_.skipped_steps;
   m.step_ms = ms_since(start) + step.wait_ms;
-  const auto times = comm_->all_reduce_max({m.step_ms, -m.step_ms, static_cast<double>(tracked_peak_bytes())});
+  const auto times =
+      comm_->all_reduce_max({m.step_ms, -m.step_ms, static_cast<double>(tracked_peak_bytes())});
   m.step_ms_max = times[0];
   m.step_ms_min = -times[1];
   m.peak_allocated_bytes = static_cast<int64_t>(times[2]);
@@ -525,8 +549,10 @@ std::optional<double> Trainer::mfu(const data::StepPlan& plan, double step_ms) c
     for (const auto& micro : rank) {
       for (const auto& pack : micro.packs) {
         for (const auto& item : pack.items) {
-          flops += spec::language_forward_flops_per_sample(config_.model.dims.language, item.tokens);
-          flops += static_cast<double>(item.crops) * spec::vision_forward_flops_per_crop(config_.model.dims);
+          flops +=
+              spec::language_forward_flops_per_sample(config_.model.dims.language, item.tokens);
+          flops += static_cast<double>(item.crops) *
+                   spec::vision_forward_flops_per_crop(config_.model.dims);
         }
       }
     }
@@ -535,12 +561,12 @@ std::optional<double> Trainer::mfu(const data::StepPlan& plan, double step_ms) c
 }
 
 void Trainer::log_progress(const StepMetrics& m) const {
-  spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.0f} ms "
-               "(data {:.0f}) | mem {}{}",
-               m.step, config_.train.max_steps, m.loss,
-               m.lr.count("language") ? m.lr.at("language") : 0.0, m.grad_norm, m.tokens_per_s,
-               m.step_ms, m.data_wait_ms, format_bytes(m.peak_allocated_bytes),
-               m.oom_retries ? " | oom retries " + std::to_string(m.oom_retries) : "");
+  spdlog::info(
+      "step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.0f} ms "
+      "(data {:.0f}) | mem {}{}",
+      m.step, config_.train.max_steps, m.loss, m.lr.count("language") ? m.lr.at("language") : 0.0,
+      m.grad_norm, m.tokens_per_s, m.step_ms, m.data_wait_ms, format_bytes(m.peak_allocated_bytes),
+      m.oom_retries ? " | oom retries " + std::to_string(m.oom_retries) : "");
 }
 
 // --- evaluation -----------------------------------------------------------------------------
@@ -554,10 +580,11 @@ void Trainer::run_evaluation(bool final) {
   options.precision = precision_;
   const auto start = Clock::now();
   const EvalResult r = evaluate(model_, *data_, *validation, *comm_, device_, options);
-  std::map<std::string, double> values{{"loss", r.loss},
-                                       {"supervised_tokens", static_cast<double>(r.supervised_tokens)},
-                                       {"samples", static_cast<double>(r.samples)},
-                                       {"seconds", ms_since(start) / 1000.0}};
+  std::map<std::string, double> values{
+      {"loss", r.loss},
+      {"supervised_tokens", static_cast<double>(r.supervised_tokens)},
+      {"samples", static_cast<double>(r.samples)},
+      {"seconds", ms_since(start) / 1000.0}};
   if (r.answered > 0) {
     values["answered"] = static_cast<double>(r.answered);
     values["exact_match"] = r.accuracy();
@@ -585,7 +612,8 @@ void Trainer::preflight() {
   const int64_t per_crop = spec::image_tokens_per_crop(config_.model.dims);
   auto attempt = [&](int64_t crops) {
     model::VlmBatch b;
-    b.input_ids = torch::randint(0, config_.model.dims.language.vocab_size, {rows, T}, torch::kLong).to(device_);
+    b.input_ids = torch::randint(0, config_.model.dims.language.vocab_size, {rows, T}, torch::kLong)
+                      .to(device_);
     b.position_ids = torch::arange(T).repeat({rows, 1}).to(device_);
     b.labels = b.input_ids.clone();
     b.cu_seqlens = torch::arange(0, rows * T + 1, T, torch::kLong).to(device_);
@@ -605,7 +633,8 @@ void Trainer::preflight() {
   int64_t crops = worst.crops_per_micro_batch;
   try {
     attempt(crops);
-    spdlog::info("preflight: the heaviest micro-batch ({} x {} tokens, {} crops) fits", rows, T, crops);
+    spdlog::info("preflight: the heaviest micro-batch ({} x {} tokens, {} crops) fits", rows, T,
+                 crops);
     return;
   } catch (const std::exception& e) {
     if (!runtime::is_out_of_memory(e)) throw;
@@ -623,14 +652,15 @@ void Trainer::preflight() {
       runtime::empty_cache(device_);
     }
   }
-  throw Error(ExitCode::kOutOfMemory,
-              "preflight: the heaviest micro-batch this config allows (" + std::to_string(rows) +
-                  " x " + std::to_string(T) + " tokens, " + std::to_string(crops) +
-                  " crops) does not fit in memory" +
-                  (fits > 0 ? "; " + std::to_string(fits) +
-                                  " crops do: set train.max_crops_per_micro_batch: " + std::to_string(fits)
-                            : "; not even one crop fits: lower train.batch_size or packing.max_seq_len, "
-                              "or enable activation checkpointing"));
+  throw Error(
+      ExitCode::kOutOfMemory,
+      "preflight: the heaviest micro-batch this config allows (" + std::to_string(rows) + " x " +
+          std::to_string(T) + " tokens, " + std::to_string(crops) +
+          " crops) does not fit in memory" +
+          (fits > 0 ? "; " + std::to_string(fits) +
+                          " crops do: set train.max_crops_per_micro_batch: " + std::to_string(fits)
+                    : "; not even one crop fits: lower train.batch_size or packing.max_seq_len, "
+                      "or enable activation checkpointing"));
 }
 
 ExitCode Trainer::run() {
@@ -670,11 +700,13 @@ ExitCode Trainer::run() {
                       "(train.max_nonfinite_steps); the parameters were not updated by them and "
                       "the last checkpoint is intact; lower the learning rates or use bf16/fp32");
     }
-    if (interactive || state_.step % config_.log.every_steps == 0 || state_.step == first_step + 1) {
+    if (interactive || state_.step % config_.log.every_steps == 0 ||
+        state_.step == first_step + 1) {
       log_progress(m);
     }
     const bool last = state_.step == config_.train.max_steps;
-    if (config_.output.checkpoint_every > 0 && state_.step % config_.output.checkpoint_every == 0 && !last) {
+    if (config_.output.checkpoint_every > 0 && state_.step % config_.output.checkpoint_every == 0 &&
+        !last) {
       save_checkpoint(cursor_);
     }
     if (config_.train.eval_every > 0 && state_.step % config_.train.eval_every == 0 && !last) {

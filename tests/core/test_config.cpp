@@ -82,8 +82,8 @@ TEST_CASE("wrong types and out-of-range values name the value and the allowed ra
   CHECK(error_of("train:\n  batch_size: [1, 2]\n") ==
         "FILE:2:15: train.batch_size: expected an integer, got a list");
   CHECK(error_of("train: 5\n") == "FILE:1:8: train: expected a mapping of keys (a section)");
-  CHECK(error_of("memory:\n  simulate_device_bytes: lots\n").find(
-            "expected a byte size such as") != std::string::npos);
+  CHECK(error_of("memory:\n  simulate_device_bytes: lots\n").find("expected a byte size such as") !=
+        std::string::npos);
   CHECK(error_of("train:\n  lr:\n    vision: 0\n") == "no error");  // frozen by lr 0 is legal
   CHECK(error_of("train:\n  adam_eps: 0\n") ==
         "FILE:2:13: train.adam_eps: 0 is out of range: allowed (0, 1]");
@@ -101,8 +101,7 @@ TEST_CASE("malformed files give one clear line with the location") {
         "FILE:3:3: duplicate key 'train.batch_size' (first at line 2)");
   CHECK(error_of(std::string(200, '[') + std::string(200, ']')) ==
         "FILE:1: nesting deeper than 64 levels");
-  CHECK_THROWS_WITH(load_config("/no/such/file.yaml"),
-                    "/no/such/file.yaml: config file not found");
+  CHECK_THROWS_WITH(load_config("/no/such/file.yaml"), "/no/such/file.yaml: config file not found");
 }
 
 TEST_CASE("a YAML alias bomb is rejected quickly instead of expanding") {
@@ -157,10 +156,14 @@ TEST_CASE("cross-field checks: errors at the offending key, warnings with the re
   CHECK(error_of("data:\n  max_img_size: 1000\n") ==
         "FILE:2:17: data.max_img_size = 1000 must be a multiple of the crop size "
         "model.vision.image_size = 64");
-  CHECK(error_of("model:\n  language:\n    num_kv_heads: 3\n").rfind(
-            "FILE:3:19: model.language.num_heads (4) is not a multiple of "
-            "model.language.num_kv_heads (3)", 0) == 0);
-  CHECK(error_of("model:\n  vision:\n    patch_size: 7\n").rfind("FILE:3:17: model.vision.image_size (64) is not a multiple of model.vision.patch_size (7)", 0) == 0);
+  CHECK(error_of("model:\n  language:\n    num_kv_heads: 3\n")
+            .rfind("FILE:3:19: model.language.num_heads (4) is not a multiple of "
+                   "model.language.num_kv_heads (3)",
+                   0) == 0);
+  CHECK(error_of("model:\n  vision:\n    patch_size: 7\n")
+            .rfind("FILE:3:17: model.vision.image_size (64) is not a multiple of "
+                   "model.vision.patch_size (7)",
+                   0) == 0);
   CHECK(error_of("packing:\n  max_seq_len: 9000\n") ==
         "FILE:2:16: packing.max_seq_len = 9000 exceeds model.language.max_position = 4096");
   CHECK(error_of("data:\n  image_std: [0.5, 0.5]\n") ==
@@ -180,9 +183,10 @@ TEST_CASE("cross-field checks: errors at the offending key, warnings with the re
   const auto loaded = load_config(path);
   REQUIRE(loaded.warnings.size() == 1);
   CHECK(loaded.warnings[0] ==
-        path + ":7:28: packing.max_images_per_knapsack = 18 can never be reached: the cheapest "
-               "image costs 325 tokens (1x4 crops + global at max_img_size 2048), so at most 12 "
-               "images fit in packing.max_seq_len = 4096");
+        path +
+            ":7:28: packing.max_images_per_knapsack = 18 can never be reached: the cheapest "
+            "image costs 325 tokens (1x4 crops + global at max_img_size 2048), so at most 12 "
+            "images fit in packing.max_seq_len = 4096");
 }
 
 TEST_CASE("print then load gives the same config (YAML with and without docs)") {
@@ -213,15 +217,34 @@ TEST_CASE("the schema lists every key with type, default and doc") {
     }
     return nullptr;
   };
-  for (const char* key :
-       {"train.batch_size", "train.gradient_accumulation_steps", "packing.max_images_per_knapsack",
-        "data.max_images_per_example", "data.max_img_size", "model.vision.image_size",
-        "packing.max_seq_len", "data.max_sample_length", "train.lr.projector", "train.lr.vision",
-        "train.lr.language", "train.warmup_steps", "train.schedule", "train.max_steps",
-        "train.grad_clip", "train.precision", "model.checkpoint_vision",
-        "model.checkpoint_language", "model.freeze_vision", "model.freeze_projector",
-        "model.freeze_language", "memory.device_memory", "memory.safety_margin", "train.seed",
-        "output.dir", "data.train[].path", "log.level", "distributed.backend"}) {
+  for (const char* key : {"train.batch_size",
+                          "train.gradient_accumulation_steps",
+                          "packing.max_images_per_knapsack",
+                          "data.max_images_per_example",
+                          "data.max_img_size",
+                          "model.vision.image_size",
+                          "packing.max_seq_len",
+                          "data.max_sample_length",
+                          "train.lr.projector",
+                          "train.lr.vision",
+                          "train.lr.language",
+                          "train.warmup_steps",
+                          "train.schedule",
+                          "train.max_steps",
+                          "train.grad_clip",
+                          "train.precision",
+                          "model.checkpoint_vision",
+                          "model.checkpoint_language",
+                          "model.freeze_vision",
+                          "model.freeze_projector",
+                          "model.freeze_language",
+                          "memory.device_memory",
+                          "memory.safety_margin",
+                          "train.seed",
+                          "output.dir",
+                          "data.train[].path",
+                          "log.level",
+                          "distributed.backend"}) {
     INFO(key);
     const auto* e = find(key);
     REQUIRE(e != nullptr);

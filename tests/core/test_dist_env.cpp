@@ -13,8 +13,11 @@ TEST_CASE("no launcher variables: a single process") {
 }
 
 TEST_CASE("torchrun variables, including the agent-hosted store") {
-  const auto d = detect_dist_env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                                  {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29400"},
+  const auto d = detect_dist_env({{"RANK", "3"},
+                                  {"WORLD_SIZE", "8"},
+                                  {"LOCAL_RANK", "1"},
+                                  {"MASTER_ADDR", "node7"},
+                                  {"MASTER_PORT", "29400"},
                                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
   CHECK(d.launcher == "torchrun");
   CHECK(d.rank == 3);
@@ -26,8 +29,10 @@ TEST_CASE("torchrun variables, including the agent-hosted store") {
 }
 
 TEST_CASE("SLURM variables: master from the node list, port from the job id") {
-  const auto d = detect_dist_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"},
-                                  {"SLURM_LOCALID", "1"}, {"SLURM_JOB_NODELIST", "gpu[012-015,020]"},
+  const auto d = detect_dist_env({{"SLURM_PROCID", "5"},
+                                  {"SLURM_NTASKS", "16"},
+                                  {"SLURM_LOCALID", "1"},
+                                  {"SLURM_JOB_NODELIST", "gpu[012-015,020]"},
                                   {"SLURM_JOB_ID", "123456"}});
   CHECK(d.launcher == "slurm");
   CHECK(d.rank == 5);

@@ -46,11 +46,13 @@ TEST_CASE("malformed lines come back as problems with a stable reason") {
   CHECK(reason(R"({"foo": 1})") == "bad_schema");
   CHECK(reason(R"({"texts": []})") == "bad_schema");
   CHECK(reason(R"({"texts": [{"user": "q"}]})") == "bad_schema");
-  CHECK(reason(R"({"images": "a.png", "texts": [{"user": "q", "assistant": "a"}]})") == "bad_schema");
+  CHECK(reason(R"({"images": "a.png", "texts": [{"user": "q", "assistant": "a"}]})") ==
+        "bad_schema");
   CHECK(reason(R"({"texts": [{"user": "q", "assistant": ""}]})") == "no_assistant_turn");
   CHECK(reason(R"({"conversations": [{"from": "gpt", "value": "a"}]})") == "bad_schema");
   CHECK(reason(R"({"conversations": [{"from": "robot", "value": "a"}]})") == "unsupported_role");
-  CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})", ManifestFormat::kLlava) == "bad_schema");
+  CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})", ManifestFormat::kLlava) ==
+        "bad_schema");
   CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})") == "ok");
 }
 

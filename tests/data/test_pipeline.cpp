@@ -9,8 +9,8 @@
 #include "data/data_setup.h"
 #include "data/demo_data.h"
 #include "data/host_batch.h"
-#include "data/loader.h"
 #include "data/image_encode.h"
+#include "data/loader.h"
 #include "data/worst_case.h"
 #include "support/test_support.h"
 
@@ -32,12 +32,12 @@ struct DemoFixture {
     options.val_samples = 20;
     options.seed = 3;
     write_demo_dataset(options);
-    overrides.insert(overrides.begin(),
-                     {"data.train=[{path: " + (dir / "demo/train.jsonl").string() + "}]",
-                      "data.validation=[{path: " + (dir / "demo/val.jsonl").string() + "}]",
-                      "data.max_img_size=128", "packing.max_seq_len=512",
-                      "data.max_sample_length=512", "packing.buffer_samples=32",
-                      "data.workers=1", "data.prefetch_batches=1"});
+    overrides.insert(
+        overrides.begin(),
+        {"data.train=[{path: " + (dir / "demo/train.jsonl").string() + "}]",
+         "data.validation=[{path: " + (dir / "demo/val.jsonl").string() + "}]",
+         "data.max_img_size=128", "packing.max_seq_len=512", "data.max_sample_length=512",
+         "packing.buffer_samples=32", "data.workers=1", "data.prefetch_batches=1"});
     config = vlm::load_config("", overrides).config;
   }
 };
@@ -158,7 +158,8 @@ TEST_CASE("the loader collates rows, crops and labels consistently") {
         CHECK(b.image_token_index[i] > b.image_token_index[i - 1]);
       }
       // Positions restart at 0 at every sample boundary.
-      for (size_t k = 0; k + 1 < b.cu_seqlens.size(); ++k) CHECK(b.position_ids[b.cu_seqlens[k]] == 0);
+      for (size_t k = 0; k + 1 < b.cu_seqlens.size(); ++k)
+        CHECK(b.position_ids[b.cu_seqlens[k]] == 0);
       // Crops are normalised pixels: within [-1, 1] for mean = std = 0.5.
       for (const float v : b.crops) {
         REQUIRE(v >= -1.0f);
@@ -178,9 +179,12 @@ TEST_CASE("a missing or corrupt image skips its sample with a reason; the run go
   write_png_file(png, image);
   write_file(dir / "bad.png", "not a png at all");
   write_file(dir / "m.jsonl",
-             R"({"images": ["ok.png"], "texts": [{"user": "Q", "assistant": "A"}]})" "\n"
-             R"({"images": ["missing.png"], "texts": [{"user": "Q", "assistant": "A"}]})" "\n"
-             R"({"images": ["bad.png"], "texts": [{"user": "Q", "assistant": "A"}]})" "\n"
+             R"({"images": ["ok.png"], "texts": [{"user": "Q", "assistant": "A"}]})"
+             "\n"
+             R"({"images": ["missing.png"], "texts": [{"user": "Q", "assistant": "A"}]})"
+             "\n"
+             R"({"images": ["bad.png"], "texts": [{"user": "Q", "assistant": "A"}]})"
+             "\n"
              "{broken\n");
   const auto config =
       vlm::load_config("", {"data.train=[{path: " + (dir / "m.jsonl").string() + "}]",

@@ -1,11 +1,11 @@
 // Whole training runs of the vlmtrain executable on a small generated dataset: the invariances
 // the trainer promises (accumulation, data parallel, OOM recovery, exact resume) and its
 // behaviour under signals, corrupt checkpoints and NaN losses.
-#include <catch2/catch.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -38,12 +38,14 @@ const fs::path& dataset_dir() {
 // A tiny, fast run: 256-token rows, no evaluation, fp32, one thread.
 std::string run_args(const fs::path& out, const std::string& extra) {
   const fs::path data = dataset_dir() / "demo";
-  return "train --set model.preset=tiny --set 'data.train=[{path: " + (data / "train.jsonl").string() +
+  return "train --set model.preset=tiny --set 'data.train=[{path: " +
+         (data / "train.jsonl").string() +
          "}]' --set data.max_img_size=128 --set packing.max_seq_len=256 "
          "--set data.max_sample_length=256 --set packing.max_images_per_knapsack=8 "
          "--set train.max_steps=6 --set train.warmup_steps=2 --set train.precision=fp32 "
          "--set train.threads=1 --set train.seed=3 --set data.workers=1 "
-         "--set output.dir='" + out.string() + "' " + extra;
+         "--set output.dir='" +
+         out.string() + "' " + extra;
 }
 
 fs::path last_checkpoint(const fs::path& out) {
@@ -104,7 +106,8 @@ CATCH_TEST_CASE("the loss falls and the run writes metrics, config and a complet
 CATCH_TEST_CASE("gradient accumulation does not change the result (B=4 x GA=1 vs B=1 x GA=4)") {
   TempDir a, b;
   require_ok(run_vlmtrain(run_args(a.path(), "--set train.batch_size=4")));
-  require_ok(run_vlmtrain(run_args(b.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=4")));
+  require_ok(run_vlmtrain(
+      run_args(b.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=4")));
   CATCH_CHECK(max_difference(final_weights(a.path()), final_weights(b.path())) < 1e-5);
   const auto la = records(a.path(), "step"), lb = records(b.path(), "step");
   for (size_t i = 0; i < la.size(); ++i) {
@@ -120,9 +123,9 @@ CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch") 
   std::vector<vlm::test::CommandResult> results(2);
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
-      const std::string env = "RANK=" + std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=" +
-                              std::to_string(rank) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                              std::to_string(port) + " ";
+      const std::string env = "RANK=" + std::to_string(rank) +
+                              " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
+                              " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
       results[static_cast<size_t>(rank)] = vlm::test::run_with_env(
           env, run_args(two.path(), "--set train.batch_size=1 --set distributed.timeout_s=60"));
     });
@@ -135,7 +138,8 @@ CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch") 
 
 CATCH_TEST_CASE("an OOM splits the micro-batch and gives the result of small micro-batches") {
   TempDir small, capped;
-  require_ok(run_vlmtrain(run_args(small.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=2")));
+  require_ok(run_vlmtrain(run_args(
+      small.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=2")));
   int64_t peak = 0;
   for (const auto& r : records(small.path(), "step")) {
     peak = std::max(peak, r["memory/peak_allocated_bytes"].get<int64_t>());
@@ -143,8 +147,10 @@ CATCH_TEST_CASE("an OOM splits the micro-batch and gives the result of small mic
   // Two packs per micro-batch need about twice the activations of one: capped near the
   // one-pack peak, the 2-pack micro-batches run out of memory and are split.
   const int64_t cap = peak + peak / 4;
-  require_ok(run_vlmtrain(run_args(capped.path(), "--set train.batch_size=2 --set train.preflight=false "
-                                                  "--set memory.simulate_device_bytes=" + std::to_string(cap))));
+  require_ok(run_vlmtrain(run_args(capped.path(),
+                                   "--set train.batch_size=2 --set train.preflight=false "
+                                   "--set memory.simulate_device_bytes=" +
+                                       std::to_string(cap))));
   int64_t retries = 0;
   for (const auto& r : records(capped.path(), "step")) retries += r["oom_retries"].get<int64_t>();
   CATCH_CHECK(retries > 0);
@@ -163,23 +169,43 @@ CATCH_TEST_CASE("an OOM in forward or backward is recovered without changing the
   CATCH_CHECK(max_difference(final_weights(plain.path()), final_weights(injected.path())) < 1e-5);
 }
 
+CATCH_TEST_CASE(
+    "an OOM in the optimizer step stops the run with the OOM code, the checkpoint intact") {
+  TempDir out;
+  const auto r = vlm::test::run_with_env(
+      "VLMTRAIN_INJECT_FAULT=oom_optimizer@5 ",
+      run_args(out.path(), "--set output.checkpoint_every=2 --set output.keep_checkpoints=5"));
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));
+  CATCH_CHECK(r.output.find("out of memory in the optimizer step 5") != std::string::npos);
+  CATCH_CHECK(last_checkpoint(out.path()).filename() == "step-00000004");
+  // Resuming finishes the run from there.
+  require_ok(run_vlmtrain(
+      run_args(out.path(), "--set output.checkpoint_every=2 --set output.keep_checkpoints=5")));
+  CATCH_CHECK(records(out.path(), "step").size() == 6);
+}
+
 CATCH_TEST_CASE("out of memory with a single sample ends the run with its own exit code") {
   TempDir out;
-  const auto r = run_vlmtrain(run_args(out.path(), "--set memory.simulate_device_bytes=30MiB --set train.preflight=false"));
+  const auto r = run_vlmtrain(
+      run_args(out.path(), "--set memory.simulate_device_bytes=30MiB --set train.preflight=false"));
   CATCH_INFO(r.output);
   CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));
   CATCH_CHECK(r.output.find("cannot be split") != std::string::npos);
 }
 
-CATCH_TEST_CASE("the preflight stops a config whose heaviest micro-batch cannot fit, saying what would") {
+CATCH_TEST_CASE(
+    "the preflight stops a config whose heaviest micro-batch cannot fit, saying what would") {
   TempDir small, out;
-  require_ok(run_vlmtrain(run_args(small.path(), "--set train.batch_size=1 --set train.max_steps=2")));
+  require_ok(
+      run_vlmtrain(run_args(small.path(), "--set train.batch_size=1 --set train.max_steps=2")));
   int64_t peak = 0;
   for (const auto& r : records(small.path(), "step")) {
     peak = std::max(peak, r["memory/peak_allocated_bytes"].get<int64_t>());
   }
-  const auto r = run_vlmtrain(run_args(out.path(), "--set train.batch_size=2 --set memory.simulate_device_bytes=" +
-                                                       std::to_string(peak + peak / 4)));
+  const auto r = run_vlmtrain(
+      run_args(out.path(), "--set train.batch_size=2 --set memory.simulate_device_bytes=" +
+                               std::to_string(peak + peak / 4)));
   CATCH_INFO(r.output);
   CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));
   CATCH_CHECK(r.output.find("preflight: the heaviest micro-batch") != std::string::npos);
@@ -188,11 +214,13 @@ CATCH_TEST_CASE("the preflight stops a config whose heaviest micro-batch cannot 
 
 CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained once") {
   TempDir reference, killed;
-  require_ok(run_vlmtrain(run_args(reference.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
+  require_ok(run_vlmtrain(
+      run_args(reference.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
   // Run until the checkpoint of step 6 exists, then kill -9.
-  const std::string command = std::string("exec '") + VLMTRAIN_EXE + "' " +
-                              run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3") +
-                              " >/dev/null 2>&1";
+  const std::string command =
+      std::string("exec '") + VLMTRAIN_EXE + "' " +
+      run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3") +
+      " >/dev/null 2>&1";
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
@@ -205,7 +233,8 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
   }
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
-  require_ok(run_vlmtrain(run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
+  require_ok(run_vlmtrain(
+      run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
   CATCH_CHECK(max_difference(final_weights(reference.path()), final_weights(killed.path())) == 0.0);
   // The metrics read as one run: steps 1..10 once each, with the reference's losses.
   const auto ref = records(reference.path(), "step"), got = records(killed.path(), "step");
@@ -219,7 +248,8 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
 CATCH_TEST_CASE("SIGTERM saves a checkpoint and exits with the requeue code") {
   TempDir out;
   const std::string command = std::string("exec '") + VLMTRAIN_EXE + "' " +
-                              run_args(out.path(), "--set train.max_steps=100000") + " >/dev/null 2>&1";
+                              run_args(out.path(), "--set train.max_steps=100000") +
+                              " >/dev/null 2>&1";
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
@@ -239,11 +269,15 @@ CATCH_TEST_CASE("SIGTERM saves a checkpoint and exits with the requeue code") {
 
 CATCH_TEST_CASE("a corrupt latest checkpoint is skipped and the previous one resumed") {
   TempDir out;
-  require_ok(run_vlmtrain(run_args(out.path(), "--set train.max_steps=6 --set output.checkpoint_every=3 --set output.keep_checkpoints=3")));
+  require_ok(run_vlmtrain(run_args(
+      out.path(),
+      "--set train.max_steps=6 --set output.checkpoint_every=3 --set output.keep_checkpoints=3")));
   const fs::path latest = out / "checkpoints/step-00000006/model.safetensors";
   CATCH_REQUIRE(fs::exists(latest));
   fs::resize_file(latest, fs::file_size(latest) / 2);  // truncated after completion
-  const auto r = run_vlmtrain(run_args(out.path(), "--set train.max_steps=6 --set output.checkpoint_every=3 --set output.keep_checkpoints=3"));
+  const auto r = run_vlmtrain(run_args(
+      out.path(),
+      "--set train.max_steps=6 --set output.checkpoint_every=3 --set output.keep_checkpoints=3"));
   CATCH_INFO(r.output);
   CATCH_REQUIRE(r.exit_code == 0);
   CATCH_CHECK(r.output.find("step-00000006") != std::string::npos);  // the warning names it

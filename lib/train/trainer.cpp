@@ -282,7 +282,9 @@ void Trainer::save_checkpoint(const nlohmann::json& cursor) {
     std::ofstream(tmp / "config.yaml") << to_yaml(config_, true);
     writer.add_file("config.yaml");
     writer.commit();
-    prune_checkpoints(dir, config_.output.keep_checkpoints);
+    // Sizes only: a full CRC pass over every kept checkpoint at each save would re-read
+    // gigabytes; resume still verifies the one it loads in full.
+    prune_checkpoints(dir, config_.output.keep_checkpoints, CheckpointVerify::kSizes);
     spdlog::info("checkpoint: step {} saved to {}", state_.step,
                  (dir / checkpoint_dir_name(state_.step)).string());
   }

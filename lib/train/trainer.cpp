@@ -51,7 +51,10 @@ torch::Device choose_device(const std::string& wanted, int local_rank) {
                      runtime::torch_version() + ")");
   }
   if (wanted == "cpu" || !cuda) return torch::Device(torch::kCPU);
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  // All of a node's GPUs visible (torchrun): one per local rank. One GPU per task (srun
+  // --gpus-per-task=1 binds it as device 0): the modulo gives 0.
+  const int index = local_rank % std::max(1, runtime::cuda_device_count());
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 model::ModelOptions model_options(const ModelConfig& m) {

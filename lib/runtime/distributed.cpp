@@ -42,7 +42,7 @@ c10::intrusive_ptr<compat::CollectiveBackend> make_backend(
     const DistributedOptions& options) {
   if (name == "gloo") return detail::make_gloo_backend(store, env, options.timeout);
 #if VLM_WITH_CUDA
-  return detail::make_nccl_backend(store, env, options.timeout);
+  return detail::make_nccl_backend(store, env, options.timeout, options.device);
 #else
   throw Error(ExitCode::kUsage,
               "the nccl backend needs a CUDA build of vlmtrain (this LibTorch has no CUDA); "

@@ -2,6 +2,7 @@
 // backend so only distributed_nccl_cuda.cpp needs the NCCL headers.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
@@ -32,10 +33,10 @@ c10::intrusive_ptr<compat::CollectiveBackend> make_gloo_backend(
     std::chrono::milliseconds timeout);
 
 #if VLM_WITH_CUDA
-// Makes cuda:<local_rank> the current device first (NCCL binds a communicator to it).
+// Makes `device` the current CUDA device first (NCCL binds a communicator to it).
 c10::intrusive_ptr<compat::CollectiveBackend> make_nccl_backend(
     const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
-    std::chrono::milliseconds timeout);
+    std::chrono::milliseconds timeout, const c10::Device& device);
 #endif
 
 }  // namespace vlm::runtime::detail

@@ -18,8 +18,10 @@ namespace vlm::runtime::detail {
 
 c10::intrusive_ptr<compat::CollectiveBackend> make_nccl_backend(
     const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
-    std::chrono::milliseconds timeout) {
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+    std::chrono::milliseconds timeout, const c10::Device& device) {
+  // The trainer's device (local rank, or 0 when a task sees a single GPU).
+  const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+  c10::cuda::set_device(index);
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;  // the watchdog aborts collectives that run longer
   try {
@@ -27,7 +29,7 @@ c10::intrusive_ptr<compat::CollectiveBackend> make_nccl_backend(
   } catch (const std::exception& e) {
     throw Error(ExitCode::kTrainingFailed,
                 "could not create the NCCL process group on rank " + std::to_string(env.rank) +
-                    " (cuda:" + std::to_string(env.local_rank) + "): " + error_text(e));
+                    " (cuda:" + std::to_string(index) + "): " + error_text(e));
   }
 }
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh
+VLM_BUILD_TARGETS=vlmtrain bash scripts/build.sh
 if [ ! -f data/demo/train.jsonl ]; then
   ./build/vlmtrain make-demo-data --out data/demo >/dev/null
   echo "demo: wrote data/demo (train.jsonl, val.jsonl, images/)"

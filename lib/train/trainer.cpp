@@ -140,6 +140,8 @@ class Trainer {
   int64_t tracked_peak_bytes() const;
   void reset_peak_memory();
   std::optional<double> mfu(const data::StepPlan& plan, double step_ms) const;
+  std::optional<int64_t> free_bytes() const;
+  int64_t ensure_optimizer_headroom();
 
   const LoadedConfig& loaded_;
   const Config& config_;
@@ -159,6 +161,7 @@ class Trainer {
   RunState state_;
   nlohmann::json cursor_;  // data cursor after the last completed step
   FaultInjector faults_;
+  bool optimizer_state_ready_ = false;  // AdamW's moments exist (after a step or a resume)
 };
 
 // --- setup ----------------------------------------------------------------------------------
@@ -319,6 +322,7 @@ void Trainer::resume_if_possible() {
   }
   optimizer_->load(dir / "optimizer.pt");
   state_.step = s.at("step").get<int64_t>();
+  optimizer_state_ready_ = state_.step > 0;
   state_.skipped_steps = s.at("skipped_steps").get<int64_t>();
   state_.consecutive_nonfinite = s.at("consecutive_nonfinite").get<int64_t>();
   state_.split_cost_cap = s.at("split_cost_cap").is_null() ? std::numeric_limits<double>::infinity()
@@ -458,11 +462,13 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   const double grad_norm = clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip);
   const bool finite = std::isfinite(loss_total) && std::isfinite(grad_norm) && !found_inf;
   if (finite) {
+    m.oom_retries += ensure_optimizer_headroom();
     try {
-      if (faults_.fire("oom_optimizer", state_.step + 1)) {
-        C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (optimizer step)");
+      if (faults_.fire("oom_optimizer_update", state_.step + 1)) {
+        C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (optimizer update)");
       }
       optimizer_->step();
+      optimizer_state_ready_ = true;
     } catch (const std::exception& e) {
       if (!runtime::is_out_of_memory(e)) throw;
       // AdamW updates parameter by parameter: after an OOM inside it some may be updated and
@@ -510,7 +516,7 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   m.data_wait_ms = step.wait_ms;
   m.forward_ms = work.forward_ms;
   m.backward_ms = work.backward_ms;
-  m.oom_retries = work.oom_retries;
+  m.oom_retries += work.oom_retries;
   m.skipped_steps = state_.skipped_steps;
   m.step_ms = ms_since(start) + step.wait_ms;
   const auto times =
@@ -528,6 +534,52 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
 }
 
 // --- memory, throughput ---------------------------------------------------------------------
+
+// Bytes that can still be allocated: CUDA's free memory plus what the caching allocator holds
+// unused; the CPU budget left under memory.simulate_device_bytes; nullopt when unbounded.
+std::optional<int64_t> Trainer::free_bytes() const {
+  if (device_.is_cuda()) {
+    const auto s = runtime::memory_stats(device_);
+    return s.device_free_bytes + (s.reserved_bytes - s.allocated_bytes);
+  }
+  const auto* tracker = runtime::cpu_tracking_allocator();
+  if (tracker && tracker->cap_bytes()) return *tracker->cap_bytes() - tracker->live_bytes();
+  return std::nullopt;
+}
+
+// AdamW updates parameters one by one, in place, so an OOM inside it would leave the step half
+// applied. Its needs are known beforehand: the two fp32 moments of every trainable parameter
+// on the first step, and two temporaries of the largest parameter on every step. They are
+// checked before anything changes; if they do not fit, the cache is emptied (fragmentation is
+// the usual cause on CUDA) and the check repeated; only a real shortage stops the run, with the
+// parameters untouched. Returns the number of retries (0 or 1).
+int64_t Trainer::ensure_optimizer_headroom() {
+  int64_t largest = 0, moments = 0;
+  for (const auto& p : optimizer_->parameters()) {
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    largest = std::max(largest, bytes);
+    moments += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
+  }
+  const int64_t needed = 2 * largest + (optimizer_state_ready_ ? 0 : moments);
+  const std::optional<int64_t> free = free_bytes();
+  const bool injected = faults_.fire("oom_optimizer", state_.step + 1);
+  if (!injected && (!free || *free >= needed)) return 0;
+  runtime::empty_cache(device_);
+  const std::optional<int64_t> after = free_bytes();
+  if (after && *after < needed) {
+    throw Error(ExitCode::kOutOfMemory,
+                "out of memory for the optimizer step " + std::to_string(state_.step + 1) +
+                    ": it needs " + format_bytes(needed) + " (AdamW moments and temporaries), " +
+                    format_bytes(*after) +
+                    " are free; nothing was updated and the last checkpoint "
+                    "is intact; freeze a module (model.freeze_vision) or train on a larger device");
+  }
+  spdlog::warn(
+      "step {}: too little free memory for the optimizer step; the cache was emptied and "
+      "it now fits",
+      state_.step + 1);
+  return 1;
+}
 
 int64_t Trainer::tracked_peak_bytes() const {
   if (device_.is_cuda()) return runtime::memory_stats(device_).peak_allocated_bytes;

@@ -169,11 +169,22 @@ CATCH_TEST_CASE("an OOM in forward or backward is recovered without changing the
   CATCH_CHECK(max_difference(final_weights(plain.path()), final_weights(injected.path())) < 1e-5);
 }
 
-CATCH_TEST_CASE(
-    "an OOM in the optimizer step stops the run with the OOM code, the checkpoint intact") {
+CATCH_TEST_CASE("too little memory for the optimizer step: the cache is emptied, the step runs") {
+  TempDir plain, injected;
+  require_ok(run_vlmtrain(run_args(plain.path(), "")));
+  require_ok(vlm::test::run_with_env("VLMTRAIN_INJECT_FAULT=oom_optimizer@1,oom_optimizer@3 ",
+                                     run_args(injected.path(), "")));
+  const auto steps = records(injected.path(), "step");
+  CATCH_CHECK(steps[0]["oom_retries"].get<int64_t>() == 1);
+  CATCH_CHECK(steps[1]["oom_retries"].get<int64_t>() == 0);
+  CATCH_CHECK(steps[2]["oom_retries"].get<int64_t>() == 1);
+  CATCH_CHECK(max_difference(final_weights(plain.path()), final_weights(injected.path())) == 0.0);
+}
+
+CATCH_TEST_CASE("an OOM inside the optimizer update stops the run with the OOM code") {
   TempDir out;
   const auto r = vlm::test::run_with_env(
-      "VLMTRAIN_INJECT_FAULT=oom_optimizer@5 ",
+      "VLMTRAIN_INJECT_FAULT=oom_optimizer_update@5 ",
       run_args(out.path(), "--set output.checkpoint_every=2 --set output.keep_checkpoints=5"));
   CATCH_INFO(r.output);
   CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));

@@ -333,6 +333,7 @@ struct OutputConfig {
   int64_t checkpoint_every = 0;
   int64_t keep_checkpoints = 2;
   std::string resume = "auto";
+  bool sample_ledger = false;
 };
 
 template <class V>
@@ -346,6 +347,9 @@ void visit_fields(V& v, OutputConfig& c) {
   v.field(c.resume, "resume",
           "auto: continue from the newest complete checkpoint in dir; never: start fresh.",
           Choices{{"auto", "never"}});
+  v.field(c.sample_ledger, "sample_ledger",
+          "Write RUN_DIR/samples.jsonl: the ids (stream positions) of every step's samples, all "
+          "ranks, to audit that each sample is trained exactly once across restarts.");
 }
 
 // --- log --------------------------------------------------------------------------------

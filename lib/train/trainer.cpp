@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -137,6 +138,9 @@ class Trainer {
   void save_checkpoint(const nlohmann::json& cursor);
   void run_evaluation(bool final);
   void log_progress(const StepMetrics& m) const;
+  void show_progress_bar(const StepMetrics& m, double elapsed_s, int64_t first_step);
+  void end_progress_line();
+  void write_ledger(const data::StepPlan& plan);
   int64_t tracked_peak_bytes() const;
   void reset_peak_memory();
   std::optional<double> mfu(const data::StepPlan& plan, double step_ms) const;
@@ -156,6 +160,8 @@ class Trainer {
   std::unique_ptr<data::DataSetup> data_;
   std::unique_ptr<data::PlanningPipeline> pipeline_;
   std::unique_ptr<MetricsSink> metrics_;
+  std::unique_ptr<MetricsSink> ledger_;  // samples.jsonl (output.sample_ledger)
+  bool progress_line_open_ = false;
   data::CollateOptions collate_;
   fs::path run_dir_;
   RunState state_;
@@ -254,6 +260,7 @@ void Trainer::load_initial_weights() {
 // --- checkpoints ----------------------------------------------------------------------------
 
 void Trainer::save_checkpoint(const nlohmann::json& cursor) {
+  end_progress_line();
   const fs::path dir = checkpoints_dir(run_dir_);
   if (comm_->rank() == 0) {
     CheckpointWriter writer(dir, config_hash(config_));
@@ -402,6 +409,7 @@ StepWork Trainer::run_micro_batches(std::vector<std::vector<data::HostBatch>>& s
           if (!runtime::is_out_of_memory(e)) throw;
           oom_here = true;
           offending = std::make_pair(slot, k);
+          end_progress_line();
           spdlog::warn(
               "out of memory in micro-step {} ({} rows, {} crops): splitting it and "
               "redoing the step",
@@ -483,6 +491,7 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   } else {
     ++state_.skipped_steps;
     ++state_.consecutive_nonfinite;
+    end_progress_line();
     spdlog::warn("step {}: non-finite {} (loss {}, grad norm {}): step skipped", state_.step + 1,
                  found_inf ? "fp16 gradients" : "loss or gradients", loss_total, grad_norm);
   }
@@ -574,6 +583,7 @@ int64_t Trainer::ensure_optimizer_headroom() {
                     " are free; nothing was updated and the last checkpoint "
                     "is intact; freeze a module (model.freeze_vision) or train on a larger device");
   }
+  end_progress_line();
   spdlog::warn(
       "step {}: too little free memory for the optimizer step; the cache was emptied and "
       "it now fits",
@@ -617,6 +627,43 @@ std::optional<double> Trainer::mfu(const data::StepPlan& plan, double step_ms) c
   return 3.0 * flops / (step_ms / 1000.0) / (gpu->peak_bf16_flops * dist_.world_size);
 }
 
+// On a terminal: one line redrawn in place. Other log lines first end it (end_progress_line).
+void Trainer::show_progress_bar(const StepMetrics& m, double elapsed_s, int64_t first_step) {
+  constexpr int kWidth = 30;
+  const double done = static_cast<double>(m.step) / static_cast<double>(config_.train.max_steps);
+  const int filled = static_cast<int>(done * kWidth);
+  const double per_step =
+      elapsed_s / static_cast<double>(std::max<int64_t>(1, m.step - first_step));
+  const double eta_s = per_step * static_cast<double>(config_.train.max_steps - m.step);
+  std::fprintf(stderr, "\r[%s%s] %lld/%lld | loss %.4f | %.0f tok/s | %s | ETA %02d:%02d  ",
+               std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(kWidth - filled), '.').c_str(),
+               static_cast<long long>(m.step), static_cast<long long>(config_.train.max_steps),
+               m.loss, m.tokens_per_s, format_bytes(m.peak_allocated_bytes).c_str(),
+               static_cast<int>(eta_s / 60), static_cast<int>(eta_s) % 60);
+  std::fflush(stderr);
+  progress_line_open_ = true;
+}
+
+void Trainer::end_progress_line() {
+  if (!progress_line_open_) return;
+  std::fputc('\n', stderr);
+  progress_line_open_ = false;
+}
+
+void Trainer::write_ledger(const data::StepPlan& plan) {
+  if (!ledger_) return;
+  std::vector<uint64_t> ids;
+  for (const auto& rank : plan.micro_batches) {
+    for (const auto& micro : rank) {
+      for (const auto& pack : micro.packs) {
+        for (const auto& item : pack.items) ids.push_back(item.sample_id);
+      }
+    }
+  }
+  ledger_->write({{"type", "samples"}, {"step", state_.step}, {"sample_ids", ids}});
+}
+
 void Trainer::log_progress(const StepMetrics& m) const {
   spdlog::info(
       "step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.0f} ms "
@@ -631,6 +678,7 @@ void Trainer::log_progress(const StepMetrics& m) const {
 void Trainer::run_evaluation(bool final) {
   auto validation = data_->validation_pipeline();
   if (!validation) return;
+  end_progress_line();
   EvalOptions options;
   options.generate = final ? -1 : config_.train.eval_generate;
   options.max_new_tokens = config_.train.max_new_tokens;
@@ -730,6 +778,9 @@ ExitCode Trainer::run() {
   }
   resume_if_possible();
   metrics_ = std::make_unique<MetricsSink>(run_dir_ / "metrics.jsonl", comm_->rank(), state_.step);
+  if (config_.output.sample_ledger) {
+    ledger_ = std::make_unique<MetricsSink>(run_dir_ / "samples.jsonl", comm_->rank(), state_.step);
+  }
   if (state_.step == 0 && config_.train.preflight) preflight();
 
   const bool interactive = stderr_is_terminal() && comm_->rank() == 0;
@@ -750,6 +801,7 @@ ExitCode Trainer::run() {
     train_step(*step, m);
     cursor_ = std::move(step->cursor_after);
     metrics_->write_step(m);
+    write_ledger(step->plan);
     if (state_.consecutive_nonfinite >= config_.train.max_nonfinite_steps) {
       throw Error(ExitCode::kTrainingFailed,
                   std::to_string(state_.consecutive_nonfinite) +
@@ -757,8 +809,9 @@ ExitCode Trainer::run() {
                       "(train.max_nonfinite_steps); the parameters were not updated by them and "
                       "the last checkpoint is intact; lower the learning rates or use bf16/fp32");
     }
-    if (interactive || state_.step % config_.log.every_steps == 0 ||
-        state_.step == first_step + 1) {
+    if (interactive) {
+      show_progress_bar(m, ms_since(run_start) / 1000.0, first_step);
+    } else if (state_.step % config_.log.every_steps == 0 || state_.step == first_step + 1) {
       log_progress(m);
     }
     const bool last = state_.step == config_.train.max_steps;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -73,9 +74,10 @@ double max_difference(const vlm::model::TensorMap& a, const vlm::model::TensorMa
   return worst;
 }
 
+// The records of `type` in a run's metrics.jsonl (or in the JSONL file `out` itself).
 std::vector<nlohmann::json> records(const fs::path& out, const std::string& type) {
   std::vector<nlohmann::json> out_records;
-  std::ifstream in(out / "metrics.jsonl");
+  std::ifstream in(fs::is_directory(out) ? out / "metrics.jsonl" : out);
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
     if (j["type"] == type) out_records.push_back(j);
@@ -225,13 +227,15 @@ CATCH_TEST_CASE(
 
 CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained once") {
   TempDir reference, killed;
-  require_ok(run_vlmtrain(
-      run_args(reference.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
+  require_ok(run_vlmtrain(run_args(
+      reference.path(),
+      "--set train.max_steps=10 --set output.checkpoint_every=3 --set output.sample_ledger=true")));
   // Run until the checkpoint of step 6 exists, then kill -9.
-  const std::string command =
-      std::string("exec '") + VLMTRAIN_EXE + "' " +
-      run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3") +
-      " >/dev/null 2>&1";
+  const std::string command = std::string("exec '") + VLMTRAIN_EXE + "' " +
+                              run_args(killed.path(),
+                                       "--set train.max_steps=10 --set output.checkpoint_every=3 "
+                                       "--set output.sample_ledger=true") +
+                              " >/dev/null 2>&1";
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
@@ -244,9 +248,20 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
   }
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
-  require_ok(run_vlmtrain(
-      run_args(killed.path(), "--set train.max_steps=10 --set output.checkpoint_every=3")));
+  require_ok(run_vlmtrain(run_args(
+      killed.path(),
+      "--set train.max_steps=10 --set output.checkpoint_every=3 --set output.sample_ledger=true")));
   CATCH_CHECK(max_difference(final_weights(reference.path()), final_weights(killed.path())) == 0.0);
+  // The sample ledger reads as one run: the same samples at every step, none twice.
+  const auto ledger_ref = records(reference.path() / "samples.jsonl", "samples");
+  const auto ledger_got = records(killed.path() / "samples.jsonl", "samples");
+  CATCH_REQUIRE(ledger_got.size() == 10);
+  std::set<uint64_t> seen;
+  for (size_t i = 0; i < ledger_got.size(); ++i) {
+    CATCH_CHECK(ledger_got[i]["sample_ids"] == ledger_ref[i]["sample_ids"]);
+    for (const auto& id : ledger_got[i]["sample_ids"])
+      CATCH_CHECK(seen.insert(id.get<uint64_t>()).second);
+  }
   // The metrics read as one run: steps 1..10 once each, with the reference's losses.
   const auto ref = records(reference.path(), "step"), got = records(killed.path(), "step");
   CATCH_REQUIRE(got.size() == ref.size());

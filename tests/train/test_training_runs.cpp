@@ -325,3 +325,21 @@ CATCH_TEST_CASE("non-finite losses skip steps, then fail the run with the traini
   CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kTrainingFailed));
   CATCH_CHECK(r.output.find("non-finite") != std::string::npos);
 }
+
+CATCH_TEST_CASE("bf16 autocast on the CPU trains and stays close to fp32") {
+  TempDir fp32, bf16;
+  require_ok(run_vlmtrain(run_args(fp32.path(), "--set train.max_steps=3")));
+  require_ok(run_vlmtrain(run_args(bf16.path(), "--set train.max_steps=3 --set train.precision=bf16")));
+  const auto a = records(fp32.path(), "step"), b = records(bf16.path(), "step");
+  CATCH_REQUIRE(b.size() == 3);
+  // Same data and initialisation: the first losses agree to bf16's precision.
+  CATCH_CHECK(b[0]["loss"].get<double>() == Approx(a[0]["loss"].get<double>()).epsilon(0.02));
+  CATCH_CHECK(b[2]["loss"].get<double>() < b[0]["loss"].get<double>());
+}
+
+CATCH_TEST_CASE("fp16 on the CPU is refused with the key that asked for it") {
+  TempDir out;
+  const auto r = run_vlmtrain(run_args(out.path(), "--set train.precision=fp16"));
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(r.output.find("fp16 needs a CUDA device") != std::string::npos);
+}

@@ -85,6 +85,36 @@ std::vector<nlohmann::json> records(const fs::path& out, const std::string& type
   return out_records;
 }
 
+// The largest tracked peak of any step of a run.
+int64_t peak_bytes(const fs::path& out) {
+  int64_t peak = 0;
+  for (const auto& r : records(out, "step")) {
+    peak = std::max(peak, r["memory/peak_allocated_bytes"].get<int64_t>());
+  }
+  return peak;
+}
+
+// Starts vlmtrain with `args` in the background (its output discarded); returns its pid.
+pid_t start_vlmtrain(const std::string& args) {
+  const std::string command =
+      std::string("exec '") + VLMTRAIN_EXE + "' " + args + " >/dev/null 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Polls `done` every 20 ms for at most two minutes.
+template <class Predicate>
+void wait_until(Predicate done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 void require_ok(const vlm::test::CommandResult& r) {
   CATCH_INFO(r.output);
   CATCH_REQUIRE(r.exit_code == 0);
@@ -142,10 +172,7 @@ CATCH_TEST_CASE("an OOM splits the micro-batch and gives the result of small mic
   TempDir small, capped;
   require_ok(run_vlmtrain(run_args(
       small.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=2")));
-  int64_t peak = 0;
-  for (const auto& r : records(small.path(), "step")) {
-    peak = std::max(peak, r["memory/peak_allocated_bytes"].get<int64_t>());
-  }
+  const int64_t peak = peak_bytes(small.path());
   // Two packs per micro-batch need about twice the activations of one: capped near the
   // one-pack peak, the 2-pack micro-batches run out of memory and are split.
   const int64_t cap = peak + peak / 4;
@@ -212,10 +239,7 @@ CATCH_TEST_CASE(
   TempDir small, out;
   require_ok(
       run_vlmtrain(run_args(small.path(), "--set train.batch_size=1 --set train.max_steps=2")));
-  int64_t peak = 0;
-  for (const auto& r : records(small.path(), "step")) {
-    peak = std::max(peak, r["memory/peak_allocated_bytes"].get<int64_t>());
-  }
+  const int64_t peak = peak_bytes(small.path());
   const auto r = run_vlmtrain(
       run_args(out.path(), "--set train.batch_size=2 --set memory.simulate_device_bytes=" +
                                std::to_string(peak + peak / 4)));
@@ -231,21 +255,11 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
       reference.path(),
       "--set train.max_steps=10 --set output.checkpoint_every=3 --set output.sample_ledger=true")));
   // Run until the checkpoint of step 6 exists, then kill -9.
-  const std::string command = std::string("exec '") + VLMTRAIN_EXE + "' " +
-                              run_args(killed.path(),
-                                       "--set train.max_steps=10 --set output.checkpoint_every=3 "
-                                       "--set output.sample_ledger=true") +
-                              " >/dev/null 2>&1";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-  while (!fs::exists(killed / "checkpoints/step-00000006/COMPLETE.json") &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const pid_t pid =
+      start_vlmtrain(run_args(killed.path(),
+                              "--set train.max_steps=10 --set output.checkpoint_every=3 "
+                              "--set output.sample_ledger=true"));
+  wait_until([&] { return fs::exists(killed / "checkpoints/step-00000006/COMPLETE.json"); });
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
   require_ok(run_vlmtrain(run_args(
@@ -273,18 +287,8 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
 
 CATCH_TEST_CASE("SIGTERM saves a checkpoint and exits with the requeue code") {
   TempDir out;
-  const std::string command = std::string("exec '") + VLMTRAIN_EXE + "' " +
-                              run_args(out.path(), "--set train.max_steps=100000") +
-                              " >/dev/null 2>&1";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-  while (records(out.path(), "step").size() < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const pid_t pid = start_vlmtrain(run_args(out.path(), "--set train.max_steps=100000"));
+  wait_until([&] { return records(out.path(), "step").size() >= 2; });
   ::kill(pid, SIGTERM);
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -329,7 +333,8 @@ CATCH_TEST_CASE("non-finite losses skip steps, then fail the run with the traini
 CATCH_TEST_CASE("bf16 autocast on the CPU trains and stays close to fp32") {
   TempDir fp32, bf16;
   require_ok(run_vlmtrain(run_args(fp32.path(), "--set train.max_steps=3")));
-  require_ok(run_vlmtrain(run_args(bf16.path(), "--set train.max_steps=3 --set train.precision=bf16")));
+  require_ok(
+      run_vlmtrain(run_args(bf16.path(), "--set train.max_steps=3 --set train.precision=bf16")));
   const auto a = records(fp32.path(), "step"), b = records(bf16.path(), "step");
   CATCH_REQUIRE(b.size() == 3);
   // Same data and initialisation: the first losses agree to bf16's precision.

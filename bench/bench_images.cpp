@@ -18,13 +18,13 @@
 
 #include <stb_image_write.h>
 
-#include "data/demo_data.h"
-#include "data/image_codecs.h"
-#include "data/image_crops.h"
-#include "data/image_decode.h"
-#include "data/image_encode.h"
-#include "data/image_grid.h"
-#include "data/image_probe.h"
+#include "data/demo/demo_data.h"
+#include "data/image/image_codecs.h"
+#include "data/image/image_crops.h"
+#include "data/image/image_decode.h"
+#include "data/image/image_encode.h"
+#include "data/image/image_grid.h"
+#include "data/image/image_probe.h"
 
 namespace {
 

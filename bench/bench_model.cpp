@@ -22,7 +22,7 @@
 
 namespace {
 
-using vlm::model::ModelOptions;
+using vlm::ModelLevers;
 using vlm::model::VisionLanguageModel;
 using vlm::model::VlmBatch;
 
@@ -78,7 +78,7 @@ void run(const std::string& preset, int64_t vision_layers, int64_t language_laye
   vlm::spec::ModelSpec spec = vlm::spec::preset(preset);
   if (vision_layers > 0) spec.vision.num_layers = vision_layers;
   if (language_layers > 0) spec.language.num_layers = language_layers;
-  ModelOptions options;
+  ModelLevers options;
   options.checkpoint_vision = checkpoint;
   options.checkpoint_language = checkpoint;
   options.loss_chunk_tokens = 1024;  // bound the [tokens, vocab] fp32 logits

@@ -17,9 +17,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/tokenizer.h"
-#include "data/tokenizer_byte_level.h"
-#include "data/tokenizer_pretokenizer.h"
+#include "data/tokenizer/tokenizer.h"
+#include "data/tokenizer/tokenizer_byte_level.h"
+#include "data/tokenizer/tokenizer_pretokenizer.h"
 
 namespace {
 

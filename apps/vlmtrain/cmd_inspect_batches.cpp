@@ -6,9 +6,9 @@
 
 #include "commands.h"
 #include "core/logging.h"
-#include "data/batch_report.h"
+#include "data/batch/batch_report.h"
 #include "data/data_setup.h"
-#include "data/loader.h"
+#include "data/batch/loader.h"
 #include "spec/derived.h"
 
 namespace vlm::app {

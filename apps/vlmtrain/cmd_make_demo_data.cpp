@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "commands.h"
-#include "data/demo_data.h"
+#include "data/demo/demo_data.h"
 
 namespace vlm::app {
 namespace {

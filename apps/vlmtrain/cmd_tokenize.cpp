@@ -5,7 +5,7 @@
 
 #include "commands.h"
 #include "data/data_setup.h"
-#include "data/manifest.h"
+#include "data/source/manifest.h"
 
 namespace vlm::app {
 namespace {

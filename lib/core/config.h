@@ -17,20 +17,37 @@ namespace vlm {
 
 // --- model ------------------------------------------------------------------------------
 
-struct ModelConfig {
+// The model's memory levers (the model.* keys below; their docs are in visit_fields). The model
+// layer is built from this struct as it is, and the memory model reads the same fields: one
+// source for each setting.
+struct ModelLevers {
+  // Activation checkpointing per block: keep only each block's input, recompute the block in
+  // backward (one extra forward of that module).
+  bool checkpoint_vision = false;
+  bool checkpoint_language = false;
+  // Run the ViT (and projector) over at most this many crops at a time; 0 = all at once.
+  // Bounds the transient attention/MLP peak of the ViT, not what is saved for backward.
+  int64_t vision_chunk_crops = 0;
+  // Frozen modules get requires_grad = false (no gradients, no optimizer state).
+  bool freeze_vision = false;
+  bool freeze_projector = false;
+  bool freeze_language = false;
+  // "bf16": frozen modules' parameters are stored in bf16 (half their bytes); buffers stay fp32.
+  std::string frozen_dtype = "fp32";
+  // Compute the loss over at most this many supervised tokens at a time, each chunk
+  // checkpointed so that only one chunk's logits ([chunk, vocab] fp32) exist at once;
+  // 0 = all supervised tokens in one piece.
+  int64_t loss_chunk_tokens = 0;
+
+  bool frozen_in_bf16() const { return frozen_dtype == "bf16"; }
+};
+
+struct ModelConfig : ModelLevers {
   spec::ModelSpec dims = spec::preset("tiny");  // `preset` and the vision/projector/language dims
   std::string tokenizer = "builtin:bytes";
   std::string weights;           // a full VLM safetensors (nanoVLM names) to start from
   std::string vision_weights;    // HF SigLIP/SigLIP2 safetensors for the vision encoder
   std::string language_weights;  // HF SmolLM2/Llama safetensors (or .index.json) for the LM
-  bool checkpoint_vision = false;
-  bool checkpoint_language = false;
-  int64_t vision_chunk_crops = 0;
-  bool freeze_vision = false;
-  bool freeze_projector = false;
-  bool freeze_language = false;
-  std::string frozen_dtype = "fp32";
-  int64_t loss_chunk_tokens = 0;
 };
 
 template <class V>

@@ -1,7 +1,7 @@
-// A collated host batch (data/host_batch.h) as the model's input tensors on a device.
+// A collated host batch (data/batch/host_batch.h) as the model's input tensors on a device.
 #pragma once
 
-#include "data/host_batch.h"
+#include "data/batch/host_batch.h"
 #include "model/vision_language_model.h"
 
 namespace vlm::model {

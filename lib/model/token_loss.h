@@ -1,6 +1,6 @@
 // Per-token cross-entropy over the supervised positions of a batch, summed (not averaged):
-// the trainer divides by the whole step's supervised-token count N (see DESIGN "Loss
-// normalisation"), so that results do not depend on how the step is split.
+// the trainer divides by the whole step's supervised-token count N (docs/architecture.md, "One
+// optimizer step"), so that results do not depend on how the step is split.
 #pragma once
 
 #include <torch/types.h>

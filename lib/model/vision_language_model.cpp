@@ -13,7 +13,7 @@ namespace vlm::model {
 namespace {
 
 // The dtype a module computes in: that of its first parameter (fp32, or bf16 when frozen
-// with frozen_in_bf16).
+// with frozen_dtype bf16).
 torch::Dtype module_dtype(const torch::nn::Module& module) {
   const auto parameters = module.parameters();
   return parameters.empty() ? torch::kFloat : parameters.front().scalar_type();
@@ -33,14 +33,14 @@ void require_shape(const torch::Tensor& t, const char* name, std::vector<int64_t
 }  // namespace
 
 VisionLanguageModelImpl::VisionLanguageModelImpl(const spec::ModelSpec& spec,
-                                                 const ModelOptions& options)
-    : spec_(spec), options_(options) {
+                                                 const ModelLevers& levers)
+    : spec_(spec), levers_(levers) {
   vision_encoder = register_module("vision_encoder", ViT(spec.vision));
   decoder = register_module("decoder", LanguageModel(spec.language));
   MP = register_module("MP", ModalityProjector(spec));
-  if (options.freeze_vision) freeze(*vision_encoder);
-  if (options.freeze_projector) freeze(*MP);
-  if (options.freeze_language) freeze(*decoder);
+  if (levers.freeze_vision) freeze(*vision_encoder);
+  if (levers.freeze_projector) freeze(*MP);
+  if (levers.freeze_language) freeze(*decoder);
 }
 
 void VisionLanguageModelImpl::freeze(torch::nn::Module& module) {
@@ -48,24 +48,24 @@ void VisionLanguageModelImpl::freeze(torch::nn::Module& module) {
   for (auto& parameter : module.parameters()) {
     parameter.requires_grad_(false);
     // Parameters only: buffers (rotary inv_freq) keep full precision.
-    if (options_.frozen_in_bf16) parameter.set_data(parameter.to(torch::kBFloat16));
+    if (levers_.frozen_in_bf16()) parameter.set_data(parameter.to(torch::kBFloat16));
   }
 }
 
-void VisionLanguageModelImpl::set_runtime_options(const ModelOptions& options) {
-  options_.checkpoint_vision = options.checkpoint_vision;
-  options_.checkpoint_language = options.checkpoint_language;
-  options_.vision_chunk_crops = options.vision_chunk_crops;
-  options_.loss_chunk_tokens = options.loss_chunk_tokens;
+void VisionLanguageModelImpl::set_runtime_levers(const ModelLevers& levers) {
+  levers_.checkpoint_vision = levers.checkpoint_vision;
+  levers_.checkpoint_language = levers.checkpoint_language;
+  levers_.vision_chunk_crops = levers.vision_chunk_crops;
+  levers_.loss_chunk_tokens = levers.loss_chunk_tokens;
 }
 
 torch::Tensor VisionLanguageModelImpl::encode_crops(const torch::Tensor& crops) {
   const auto encode = [&](const torch::Tensor& chunk) {
     const torch::Tensor features = vision_encoder->forward(chunk.to(module_dtype(*vision_encoder)),
-                                                           options_.checkpoint_vision);
+                                                           levers_.checkpoint_vision);
     return MP->forward(features.to(module_dtype(*MP)));
   };
-  const int64_t chunk = options_.vision_chunk_crops;
+  const int64_t chunk = levers_.vision_chunk_crops;
   if (chunk <= 0 || crops.size(0) <= chunk) return encode(crops);
   std::vector<torch::Tensor> pieces;
   for (const torch::Tensor& piece : crops.split(chunk, 0)) pieces.push_back(encode(piece));
@@ -102,9 +102,9 @@ VlmOutput VisionLanguageModelImpl::forward_embeddings(const torch::Tensor& embed
   const torch::Tensor allowed = batch.cu_seqlens.to(torch::kCPU, torch::kLong);
   const torch::Tensor hidden =
       decoder->forward(embeddings.to(module_dtype(*decoder)), batch.position_ids, allowed,
-                       options_.checkpoint_language);
+                       levers_.checkpoint_language);
   const TokenLoss loss =
-      token_losses(hidden, batch.labels, decoder->head_weight(), options_.loss_chunk_tokens);
+      token_losses(hidden, batch.labels, decoder->head_weight(), levers_.loss_chunk_tokens);
   VlmOutput out{loss.sum, loss.count, torch::Tensor()};
   if (return_logits) out.logits = decoder->logits(hidden);
   return out;

@@ -10,9 +10,9 @@
 
 #include <torch/nn.h>
 
+#include "core/config.h"
 #include "model/language_model.h"
 #include "model/modality_projector.h"
-#include "model/model_options.h"
 #include "model/token_loss.h"
 #include "model/vision_transformer.h"
 #include "spec/model_spec.h"
@@ -40,7 +40,7 @@ struct VlmOutput {
 
 class VisionLanguageModelImpl : public torch::nn::Module {
  public:
-  explicit VisionLanguageModelImpl(const spec::ModelSpec& spec, const ModelOptions& options = {});
+  explicit VisionLanguageModelImpl(const spec::ModelSpec& spec, const ModelLevers& levers = {});
 
   VlmOutput forward(const VlmBatch& batch, bool return_logits = false);
 
@@ -56,10 +56,10 @@ class VisionLanguageModelImpl : public torch::nn::Module {
                                bool return_logits = false);
 
   const spec::ModelSpec& spec() const { return spec_; }
-  const ModelOptions& options() const { return options_; }
-  // Checkpointing, chunking and loss chunking may change between steps (the OOM guard
-  // tightens them); freezing and dtypes are fixed at construction.
-  void set_runtime_options(const ModelOptions& options);
+  const ModelLevers& levers() const { return levers_; }
+  // Checkpointing, chunking and loss chunking may change after construction (between steps);
+  // freezing and dtypes are fixed at construction.
+  void set_runtime_levers(const ModelLevers& levers);
 
   ViT vision_encoder{nullptr};
   LanguageModel decoder{nullptr};
@@ -69,7 +69,7 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   void freeze(torch::nn::Module& module);
 
   spec::ModelSpec spec_;
-  ModelOptions options_;
+  ModelLevers levers_;  // model.* keys (core/config.h)
 };
 TORCH_MODULE(VisionLanguageModel);
 

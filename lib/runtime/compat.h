@@ -1,8 +1,8 @@
 // The one place where LibTorch versions differ (Debian's 1.13 on CI, CUDA 2.x on clusters).
 // Everything version-dependent is an inline function or alias here, selected by
 // TORCH_VERSION_MAJOR / TORCH_VERSION_MINOR from <torch/version.h>; the rest of the code calls
-// these and compiles unchanged against both. Header-only, so the model layer (below runtime)
-// can use it without linking vlm_runtime.
+// these and compiles unchanged against both. Runtime sits below the model layer, which
+// includes this header for autocast, RNG replay and attention.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,8 +26,10 @@
 namespace vlm::runtime::compat {
 
 // --- allocator ----------------------------------------------------------------------------
-// c10::Allocator::allocate is `const` up to 2.2 and non-const from 2.3. An allocator
-// subclass declares `at::DataPtr allocate(size_t n) VLM_ALLOCATE_CONST override;`.
+// c10::Allocator::allocate is `const` up to 2.2 and non-const from 2.3 (pytorch/pytorch#120969).
+// An allocator subclass declares `at::DataPtr allocate(size_t n) VLM_ALLOCATE_CONST override;`.
+// 2.3 also added the pure virtual `copy_data(dest, src, count) const`; allocators declare it
+// without `override` so the same declaration compiles (as a plain member) on 1.13.
 #if VLM_TORCH_AT_LEAST(2, 3)
 #define VLM_ALLOCATE_CONST
 #else
@@ -146,16 +148,7 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
 
 }  // namespace vlm::runtime::compat
 
-// ==== runtime layer: allocator interface, CUDA allocator stats, c10d class split ====
-
-// c10::Allocator::allocate is `const` up to 2.2 and non-const from 2.3 (pytorch/pytorch#120969).
-// 2.3 also added the pure virtual `copy_data(dest, src, count) const`; allocators declare it
-// without `override` so the same declaration compiles (as a plain member) on 1.13.
-#if VLM_TORCH_AT_LEAST(2, 3)
-#define VLM_ALLOCATOR_ALLOCATE_CONST
-#else
-#define VLM_ALLOCATOR_ALLOCATE_CONST const
-#endif
+// --- CUDA allocator stats, c10d class split ------------------------------------------------
 
 // CUDA caching-allocator statistics: getDeviceStats / resetPeakStats / setMemoryFraction take an
 // `int` device up to 2.2 and a `c10::DeviceIndex` from 2.3, and the StatType enum moved to

@@ -102,6 +102,13 @@ void reset_peak_memory_stats(const c10::Device& device) {
 #endif
 }
 
+std::optional<int64_t> allocatable_bytes(const c10::Device& device) {
+  const DeviceMemoryStats s = memory_stats(device);
+  if (device.is_cuda()) return s.device_free_bytes + (s.reserved_bytes - s.allocated_bytes);
+  if (s.cap_bytes) return *s.cap_bytes - s.allocated_bytes;
+  return std::nullopt;
+}
+
 void empty_cache(const c10::Device& device) {
   require_cpu_or_cuda(device);
   if (device.is_cpu()) return;  // the CPU allocator frees at once; there is no cache

@@ -24,6 +24,11 @@ struct DeviceMemoryStats {
 DeviceMemoryStats memory_stats(const c10::Device& device);
 void reset_peak_memory_stats(const c10::Device& device);
 
+// Bytes that can still be allocated: CUDA's free memory plus what the caching allocator holds
+// unused; on the CPU the budget left under the tracking allocator's cap; nullopt when the CPU
+// has no cap (unbounded as far as the trainer is concerned).
+std::optional<int64_t> allocatable_bytes(const c10::Device& device);
+
 // Returns cached, unused blocks to the device (CUDA); a no-op on the CPU, which has no cache.
 void empty_cache(const c10::Device& device);
 

@@ -1,5 +1,5 @@
 // CUDA caching-allocator statistics. Signatures differ across LibTorch 2.x (see
-// compat_runtime.h): device arguments are passed as c10::DeviceIndex, which converts to the
+// compat.h): device arguments are passed as c10::DeviceIndex, which converts to the
 // `int` parameters of <= 2.2 as well, and stats are indexed by kAggregateStatIndex.
 #include "runtime/memory_stats_cuda.h"
 

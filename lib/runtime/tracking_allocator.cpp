@@ -71,7 +71,7 @@ TrackingAllocator::TrackingAllocator(c10::Allocator* wrapped) : wrapped_(wrapped
   TORCH_CHECK(wrapped_ != nullptr, "TrackingAllocator needs an allocator to wrap");
 }
 
-c10::DataPtr TrackingAllocator::allocate(size_t n_bytes) VLM_ALLOCATOR_ALLOCATE_CONST {
+c10::DataPtr TrackingAllocator::allocate(size_t n_bytes) VLM_ALLOCATE_CONST {
   // Empty storages own no memory: nothing to count, and their DataPtr stays the wrapped one.
   if (n_bytes == 0) return wrapped_->allocate(0);
   const auto bytes = static_cast<int64_t>(n_bytes);

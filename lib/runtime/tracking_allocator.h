@@ -3,8 +3,7 @@
 // TrackingAllocator wraps the CPU allocator LibTorch had before it was installed and counts the
 // live and peak bytes of every tensor allocation. With a cap set, an allocation that would take
 // the live bytes past the cap throws c10::OutOfMemoryError, the same error a CUDA OOM raises, so
-// the trainer's OOM protocol can be driven for real on a CPU-only machine (DESIGN.md "OOM
-// protocol"). Install it first thing in main(), before any tensor exists that should be counted.
+// the trainer's OOM protocol can be driven for real on a CPU-only machine (train/step_runner.h). Install it first thing in main(), before any tensor exists that should be counted.
 #pragma once
 
 #include <c10/core/Allocator.h>
@@ -24,7 +23,7 @@ class TrackingAllocator final : public c10::Allocator {
 
   // Throws c10::OutOfMemoryError (allocating no tensor memory) when a cap is set and
   // live_bytes() + n_bytes would exceed it; the counters are unchanged by a refused request.
-  c10::DataPtr allocate(size_t n_bytes) VLM_ALLOCATOR_ALLOCATE_CONST override;
+  c10::DataPtr allocate(size_t n_bytes) VLM_ALLOCATE_CONST override;
   // Pure virtual from LibTorch 2.3 (no `override`: on 1.13 it is a plain member).
   void copy_data(void* dest, const void* src, std::size_t count_bytes) const;
   // Some kernels (oneDNN through raw_allocate) free by data pointer alone: the DataPtrs this

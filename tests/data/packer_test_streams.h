@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "data/pack_item.h"
+#include "data/packing/pack_item.h"
 
 namespace vlm::data::test {
 

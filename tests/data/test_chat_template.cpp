@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "data/chat_template.h"
-#include "data/tokenizer_image_tokens.h"
+#include "data/tokenizer/chat_template.h"
+#include "data/tokenizer/tokenizer_image_tokens.h"
 
 using namespace vlm::data;
 using Ids = std::vector<int32_t>;

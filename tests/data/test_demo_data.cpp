@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "data/demo_data.h"
-#include "data/demo_data_draw.h"
-#include "data/demo_data_random.h"
-#include "data/image_decode.h"
-#include "data/image_probe.h"
+#include "data/demo/demo_data.h"
+#include "data/demo/demo_data_draw.h"
+#include "data/demo/demo_data_random.h"
+#include "data/image/image_decode.h"
+#include "data/image/image_probe.h"
 #include "support/test_support.h"
 
 using namespace vlm::data;

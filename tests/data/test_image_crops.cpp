@@ -3,8 +3,8 @@
 #include <cmath>
 #include <vector>
 
-#include "data/image_crops.h"
-#include "data/image_resize.h"
+#include "data/image/image_crops.h"
+#include "data/image/image_resize.h"
 #include "test_image_fixtures.h"
 
 using namespace vlm::data;

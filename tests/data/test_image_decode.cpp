@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/image_codecs.h"
-#include "data/image_decode.h"
-#include "data/image_encode.h"
-#include "data/image_orientation.h"
-#include "data/image_probe.h"
+#include "data/image/image_codecs.h"
+#include "data/image/image_decode.h"
+#include "data/image/image_encode.h"
+#include "data/image/image_orientation.h"
+#include "data/image/image_probe.h"
 #include "support/test_support.h"
 #include "test_image_fixtures.h"
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/image_types.h"
+#include "data/image/image_types.h"
 
 namespace vlm::data::test {
 

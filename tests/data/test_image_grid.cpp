@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
-#include "data/image_grid.h"
+#include "data/image/image_grid.h"
 
 using namespace vlm::data;
 

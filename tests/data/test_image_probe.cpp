@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/image_encode.h"
-#include "data/image_probe.h"
+#include "data/image/image_encode.h"
+#include "data/image/image_probe.h"
 #include "support/test_support.h"
 #include "test_image_fixtures.h"
 

@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
-#include "data/length_stream.h"
+#include "data/source/length_stream.h"
 #include "support/test_support.h"
 
 using namespace vlm::data;

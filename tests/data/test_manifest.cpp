@@ -2,9 +2,9 @@
 
 #include <set>
 
-#include "data/manifest.h"
-#include "data/sample_stream.h"
-#include "data/skip_counter.h"
+#include "data/source/manifest.h"
+#include "data/source/sample_stream.h"
+#include "data/source/skip_counter.h"
 #include "support/test_support.h"
 
 using namespace vlm::data;

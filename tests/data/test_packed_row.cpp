@@ -3,7 +3,7 @@
 
 #include <random>
 
-#include "data/packed_row.h"
+#include "data/packing/packed_row.h"
 
 using namespace vlm::data;
 

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/sample_filter.h"
+#include "data/source/sample_filter.h"
 
 using namespace vlm::data;
 

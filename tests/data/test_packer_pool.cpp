@@ -1,7 +1,7 @@
 // PackPool: completion search (exact fills, balanced pairs, caps) and arrival order.
 #include <catch2/catch.hpp>
 
-#include "data/pack_pool.h"
+#include "data/packing/pack_pool.h"
 
 using namespace vlm::data;
 

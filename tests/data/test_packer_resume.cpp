@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/packer.h"
-#include "data/sample_filter.h"
+#include "data/packing/packer.h"
+#include "data/source/sample_filter.h"
 #include "packer_test_streams.h"
 
 using namespace vlm::data;

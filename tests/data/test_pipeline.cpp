@@ -7,11 +7,11 @@
 
 #include "core/config_io.h"
 #include "data/data_setup.h"
-#include "data/demo_data.h"
-#include "data/host_batch.h"
-#include "data/image_encode.h"
-#include "data/loader.h"
-#include "data/worst_case.h"
+#include "data/demo/demo_data.h"
+#include "data/batch/host_batch.h"
+#include "data/image/image_encode.h"
+#include "data/batch/loader.h"
+#include "data/packing/worst_case.h"
 #include "support/test_support.h"
 
 using namespace vlm::data;

@@ -5,8 +5,8 @@
 #include <set>
 
 #include "core/error.h"
-#include "data/packer.h"
-#include "data/step_planner.h"
+#include "data/packing/packer.h"
+#include "data/packing/step_planner.h"
 #include "packer_test_streams.h"
 
 using namespace vlm::data;

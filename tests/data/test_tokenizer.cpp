@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "tokenizer_test_files.h"
 
 using vlm::data::Tokenizer;

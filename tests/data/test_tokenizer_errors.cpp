@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
-#include "data/tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
 #include "tokenizer_test_files.h"
 
 using vlm::data::Tokenizer;

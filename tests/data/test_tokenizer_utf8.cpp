@@ -3,8 +3,8 @@
 
 #include <set>
 
-#include "data/tokenizer_byte_level.h"
-#include "data/utf8.h"
+#include "data/tokenizer/tokenizer_byte_level.h"
+#include "data/tokenizer/utf8.h"
 
 using namespace vlm::data;
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.h"
-#include "data/tokenizer_byte_level.h"
+#include "data/tokenizer/tokenizer.h"
+#include "data/tokenizer/tokenizer_byte_level.h"
 #include "support/test_support.h"
 
 namespace vlm::test {

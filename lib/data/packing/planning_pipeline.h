@@ -1,0 +1,71 @@
+// The metadata half of the data pipeline, computed identically on every rank:
+//
+//   ItemSource -> SampleFilter -> Packer -> StepPlanner -> PlannedStep
+//
+// Nothing here touches pixels, so it is cheap enough to be exact and deterministic: every rank
+// plans every rank's micro-batches from the same seed and takes its own. Each planned step
+// carries the cursor *after* it, which is what a checkpoint taken after that step must save:
+// the loader plans ahead of training, so the live state is not the one to save.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "data/source/item_source.h"
+#include "data/packing/packer.h"
+#include "data/source/sample_filter.h"
+#include "data/packing/step_planner.h"
+
+namespace vlm::data {
+
+struct PlanningOptions {
+  SampleLimits limits;
+  PackerOptions packer;
+  StepPlannerOptions planner;
+};
+
+struct PlannedStep {
+  int64_t step = 0;  // 0-based
+  StepPlan plan;
+  nlohmann::json cursor_after;  // restore() with this to continue after this step
+};
+
+class PlanningPipeline {
+ public:
+  PlanningPipeline(std::unique_ptr<ItemSource> source, PlanningOptions options);
+
+  // The next step's plan; nullopt once a finite source is exhausted and everything is planned.
+  std::optional<PlannedStep> next_step();
+
+  // Samples of planned steps stay available for collation until released.
+  std::shared_ptr<const BuiltSample> sample(uint64_t sample_id) const {
+    return source_->sample(sample_id);
+  }
+  void release(const StepPlan& plan);
+
+  const DropCounts& drops() const { return filter_.drops(); }
+  // Malformed samples skipped (empty for length streams).
+  nlohmann::json skips() const {
+    return source_->skips() ? source_->skips()->to_json() : nlohmann::json::object();
+  }
+  int64_t samples_kept() const { return filter_.kept(); }
+  const PlanningOptions& options() const { return options_; }
+
+  nlohmann::json cursor() const;
+  void restore(const nlohmann::json& cursor);
+
+ private:
+  std::optional<Pack> next_pack();
+  std::vector<uint64_t> in_flight_ids() const;
+
+  std::unique_ptr<ItemSource> source_;
+  PlanningOptions options_;
+  SampleFilter filter_;
+  Packer packer_;
+  StepPlanner planner_;
+  int64_t next_step_ = 0;
+  bool source_done_ = false;
+};
+
+}  // namespace vlm::data

@@ -1,0 +1,187 @@
+#include "data/packing/step_planner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace vlm::data {
+
+void MicroBatchShape::add(const Pack& pack) {
+  ++packs;
+  tokens += pack.tokens;
+  max_pack_tokens = std::max(max_pack_tokens, pack.tokens);
+  images += pack.images;
+  crops += pack.crops;
+  supervised += pack.supervised;
+  for (const PackItem& item : pack.items) sum_sample_len_sq += item.tokens * item.tokens;
+  samples += static_cast<int64_t>(pack.items.size());
+}
+
+double CostModel::cost(const Pack& pack) const {
+  double len_sq = 0;
+  for (const PackItem& item : pack.items) len_sq += double(item.tokens) * double(item.tokens);
+  return per_token * double(pack.tokens) + per_len_sq * len_sq + per_crop * double(pack.crops);
+}
+
+void StepPlannerOptions::validate() const {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw ConfigError("step planner: " + what);
+  };
+  require(ranks >= 1, "ranks (world size) must be >= 1");
+  require(micro_steps >= 1, "gradient_accumulation_steps must be >= 1");
+  require(batch_size >= 1, "batch_size must be >= 1");
+  require(max_crops_per_micro_batch >= 0, "max_crops_per_micro_batch must be >= 0 (0 = none)");
+  require(max_micro_batch_bytes >= 0, "the micro-batch byte cap must be >= 0 (0 = none)");
+  require(max_micro_batch_bytes == 0 || static_cast<bool>(predict_bytes),
+          "a micro-batch byte cap needs a memory predictor");
+}
+
+double StepPlan::rank_cost(int64_t rank) const {
+  double total = 0;
+  for (const MicroBatch& mb : micro_batches[rank]) total += mb.cost;
+  return total;
+}
+
+double StepPlan::rank_imbalance() const {
+  if (micro_batches.empty()) return 0;
+  double max_cost = 0, sum = 0;
+  for (size_t r = 0; r < micro_batches.size(); ++r) {
+    const double c = rank_cost(static_cast<int64_t>(r));
+    max_cost = std::max(max_cost, c);
+    sum += c;
+  }
+  const double mean = sum / double(micro_batches.size());
+  return mean > 0 ? max_cost / mean - 1.0 : 0.0;
+}
+
+namespace {
+
+class SlotAssigner {
+ public:
+  explicit SlotAssigner(const StepPlannerOptions& o) : o_(o) {
+    plan_.micro_batches.assign(o.ranks, std::vector<MicroBatch>(o.micro_steps));
+    rank_costs_.assign(o.ranks, 0.0);
+  }
+
+  // Places `pack` (cost `cost`) or returns false when no slot can take it.
+  bool place(const Pack& pack, double cost) {
+    std::vector<int64_t> ranks(o_.ranks);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [&](int64_t a, int64_t b) { return rank_costs_[a] < rank_costs_[b]; });
+    for (int64_t rank : ranks) {
+      MicroBatch* best = nullptr;
+      int64_t best_bytes = 0;
+      for (MicroBatch& mb : plan_.micro_batches[rank]) {
+        int64_t bytes = 0;
+        if (!fits(mb, pack, bytes)) continue;
+        if (best == nullptr || mb.cost < best->cost) {
+          best = &mb;
+          best_bytes = bytes;
+        }
+      }
+      if (best == nullptr) continue;
+      best->packs.push_back(pack);
+      best->shape.add(pack);
+      best->cost += cost;
+      best->predicted_bytes = best_bytes;
+      rank_costs_[rank] += cost;
+      plan_.supervised_tokens += pack.supervised;
+      ++plan_.packs;
+      return true;
+    }
+    return false;
+  }
+
+  // Whether `pack` fits an empty micro-batch at all.
+  bool fits_alone(const Pack& pack) const {
+    int64_t bytes = 0;
+    return fits(MicroBatch{}, pack, bytes);
+  }
+
+  StepPlan take() { return std::move(plan_); }
+
+ private:
+  bool fits(const MicroBatch& mb, const Pack& pack, int64_t& bytes) const {
+    if (static_cast<int64_t>(mb.packs.size()) >= o_.batch_size) return false;
+    if (o_.max_crops_per_micro_batch > 0 &&
+        mb.shape.crops + pack.crops > o_.max_crops_per_micro_batch) {
+      return false;
+    }
+    bytes = 0;
+    if (o_.predict_bytes) {
+      MicroBatchShape shape = mb.shape;
+      shape.add(pack);
+      bytes = o_.predict_bytes(shape);
+      if (o_.max_micro_batch_bytes > 0 && bytes > o_.max_micro_batch_bytes) return false;
+    }
+    return true;
+  }
+
+  const StepPlannerOptions& o_;
+  StepPlan plan_;
+  std::vector<double> rank_costs_;
+};
+
+}  // namespace
+
+PlanResult plan_step(const std::vector<Pack>& waiting, const std::vector<Pack>& fresh,
+                     const StepPlannerOptions& options) {
+  options.validate();
+  SlotAssigner assigner(options);
+  PlanResult result;
+  auto place_or_defer = [&](const Pack& pack, double cost) {
+    if (assigner.place(pack, cost)) return;
+    if (!assigner.fits_alone(pack)) {
+      throw ConfigError("step planner: a pack with " + std::to_string(pack.tokens) +
+                        " tokens and " + std::to_string(pack.crops) +
+                        " crops does not fit an empty micro-batch under max_crops_per_micro_batch"
+                        " / the memory cap; raise the cap or lower max_crops_per_pack");
+    }
+    result.deferred.push_back(pack);
+  };
+  for (const Pack& pack : waiting) place_or_defer(pack, options.cost.cost(pack));
+
+  std::vector<double> costs(fresh.size());
+  std::vector<size_t> order(fresh.size());
+  for (size_t i = 0; i < fresh.size(); ++i) costs[i] = options.cost.cost(fresh[i]);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return costs[a] > costs[b]; });
+  for (size_t i : order) place_or_defer(fresh[i], costs[i]);
+  result.plan = assigner.take();
+  return result;
+}
+
+StepPlanner::StepPlanner(StepPlannerOptions options) : options_(std::move(options)) {
+  options_.validate();
+}
+
+std::optional<StepPlan> StepPlanner::next_step(const PackSource& source) {
+  std::vector<Pack> fresh;
+  const int64_t room = options_.packs_per_step() - static_cast<int64_t>(deferred_.size());
+  while (static_cast<int64_t>(fresh.size()) < room) {
+    std::optional<Pack> pack = source();
+    if (!pack) break;
+    fresh.push_back(std::move(*pack));
+  }
+  if (deferred_.empty() && fresh.empty()) return std::nullopt;
+  PlanResult result = plan_step(deferred_, fresh, options_);
+  deferred_ = std::move(result.deferred);
+  return std::move(result.plan);
+}
+
+nlohmann::json StepPlanner::save_state() const { return {{"deferred", deferred_}}; }
+
+void StepPlanner::restore_state(const nlohmann::json& state) {
+  try {
+    deferred_ = state.at("deferred").get<std::vector<Pack>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(std::string("step planner state is malformed: ") + e.what());
+  }
+}
+
+}  // namespace vlm::data

@@ -1,0 +1,132 @@
+#include "data/source/item_source.h"
+
+namespace vlm::data {
+namespace {
+
+// One pass weighs every dataset by its size, so each is read exactly once.
+SampleStream make_stream(const std::vector<std::unique_ptr<Manifest>>& manifests,
+                         const std::vector<DatasetSpec>& datasets, uint64_t seed, bool shuffle,
+                         bool one_pass) {
+  std::vector<uint64_t> sizes;
+  std::vector<double> weights;
+  for (size_t d = 0; d < manifests.size(); ++d) {
+    sizes.push_back(manifests[d]->size());
+    weights.push_back(one_pass ? static_cast<double>(sizes.back()) : datasets[d].weight);
+  }
+  return SampleStream(sizes, weights, seed, shuffle);
+}
+
+std::vector<std::unique_ptr<Manifest>> open_all(const std::vector<DatasetSpec>& datasets) {
+  if (datasets.empty()) throw ConfigError("no datasets configured");
+  std::vector<std::unique_ptr<Manifest>> manifests;
+  for (const auto& d : datasets) manifests.push_back(std::make_unique<Manifest>(d.path, d.format));
+  return manifests;
+}
+
+}  // namespace
+
+DatasetSource::DatasetSource(const std::vector<DatasetSpec>& datasets, const SampleBuilder& builder,
+                             const SkipCounter& skip_limits, uint64_t seed, bool shuffle,
+                             bool one_pass)
+    : manifests_(open_all(datasets)),
+      builder_(builder),
+      skips_(std::make_unique<SkipCounter>(skip_limits)),
+      stream_(make_stream(manifests_, datasets, seed, shuffle, one_pass)) {
+  if (one_pass) limit_ = total_samples();
+}
+
+uint64_t DatasetSource::total_samples() const {
+  uint64_t total = 0;
+  for (const auto& m : manifests_) total += m->size();
+  return total;
+}
+
+std::optional<BuiltSample> DatasetSource::build(const SampleRef& ref) {
+  const Manifest& manifest = *manifests_[ref.dataset];
+  const ParsedLine parsed = manifest.read(ref.index);
+  const SourceLocation where{manifest.path(), manifest.line_number(ref.index)};
+  if (const auto* problem = std::get_if<SampleProblem>(&parsed)) {
+    skips_->skip(problem->reason, problem->message, where);
+    return std::nullopt;
+  }
+  BuildResult built = builder_.build(std::get<RawSample>(parsed));
+  if (const auto* problem = std::get_if<SampleProblem>(&built)) {
+    skips_->skip(problem->reason, problem->message, where);
+    return std::nullopt;
+  }
+  return std::get<BuiltSample>(std::move(built));
+}
+
+std::optional<PackItem> DatasetSource::next() {
+  // Skipped samples are replaced by the next draw, so a finite pass still ends.
+  while (limit_ == 0 || draws_ < limit_) {
+    ++draws_;
+    const SampleRef ref = stream_.next();
+    skips_->count_seen();
+    std::optional<BuiltSample> sample = build(ref);
+    if (!sample) continue;
+    const uint64_t id = next_id_++;
+    const PackItem item = sample->item(id);
+    built_.emplace(id, std::make_shared<const BuiltSample>(std::move(*sample)));
+    refs_.emplace(id, ref);
+    return item;
+  }
+  return std::nullopt;
+}
+
+std::shared_ptr<const BuiltSample> DatasetSource::sample(uint64_t sample_id) const {
+  const auto it = built_.find(sample_id);
+  return it == built_.end() ? nullptr : it->second;
+}
+
+nlohmann::json DatasetSource::state(const std::vector<uint64_t>& in_flight) const {
+  nlohmann::json refs = nlohmann::json::array();
+  for (const uint64_t id : in_flight) {
+    const SampleRef& r = refs_.at(id);
+    refs.push_back({id, r.dataset, r.index, r.epoch});
+  }
+  return {{"stream", stream_.state()},
+          {"draws", draws_},
+          {"next_id", next_id_},
+          {"in_flight", refs},
+          {"skips", skips_->to_json()}};
+}
+
+void DatasetSource::restore(const nlohmann::json& state) {
+  stream_.restore(state.at("stream"));
+  draws_ = state.at("draws").get<uint64_t>();
+  next_id_ = state.at("next_id").get<uint64_t>();
+  skips_->restore(state.at("skips"));
+  built_.clear();
+  refs_.clear();
+  for (const auto& r : state.at("in_flight")) {
+    const uint64_t id = r.at(0).get<uint64_t>();
+    const SampleRef ref{r.at(1).get<uint32_t>(), r.at(2).get<uint64_t>(), r.at(3).get<uint64_t>()};
+    std::optional<BuiltSample> sample = build(ref);
+    if (!sample) {
+      throw DataError(
+          "a sample that was packed before the checkpoint can no longer be read "
+          "(did the dataset change?)",
+          SourceLocation{manifests_.at(ref.dataset)->path(),
+                         manifests_[ref.dataset]->line_number(ref.index)});
+    }
+    built_.emplace(id, std::make_shared<const BuiltSample>(std::move(*sample)));
+    refs_.emplace(id, ref);
+  }
+}
+
+LengthSource::LengthSource(const std::string& path)
+    : path_(path), reader_(std::make_unique<LengthStreamReader>(path)) {}
+
+nlohmann::json LengthSource::state(const std::vector<uint64_t>&) const {
+  return {{"path", path_}, {"line", reader_->line()}};
+}
+
+void LengthSource::restore(const nlohmann::json& state) {
+  reader_ = std::make_unique<LengthStreamReader>(path_);
+  const int64_t line = state.at("line").get<int64_t>();
+  while (reader_->line() < line && reader_->next()) {
+  }
+}
+
+}  // namespace vlm::data

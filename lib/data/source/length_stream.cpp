@@ -1,0 +1,90 @@
+#include "data/source/length_stream.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace vlm::data {
+
+namespace {
+
+bool is_blank(std::string_view text) {
+  return text.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+int64_t read_count(const nlohmann::json& object, const char* key, const SourceLocation& where) {
+  auto it = object.find(key);
+  if (it == object.end()) {
+    throw DataError(std::string("missing field \"") + key +
+                        "\"; each line needs tokens, images, crops and supervised",
+                    where);
+  }
+  if (!it->is_number_integer()) {
+    throw DataError(std::string("field \"") + key + "\" must be an integer, got " + it->dump(),
+                    where);
+  }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}) {
+    throw DataError(std::string("field \"") + key + "\" is too large: " + it->dump(), where);
+  }
+  const int64_t value = it->get<int64_t>();
+  if (value < 0) {
+    throw DataError(std::string("field \"") + key + "\" must be >= 0, got " + it->dump(), where);
+  }
+  return value;
+}
+
+}  // namespace
+
+PackItem parse_length_line(std::string_view text, uint64_t sample_id, const std::string& path,
+                           int64_t line) {
+  const SourceLocation where{path, line};
+  nlohmann::json object;
+  try {
+    object = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw DataError(std::string("bad JSON: ") + e.what(), where);
+  }
+  if (!object.is_object()) {
+    throw DataError(
+        "expected a JSON object like {\"tokens\": 977, \"images\": 1, \"crops\": 13, "
+        "\"supervised\": 52}, got " +
+            object.dump().substr(0, 80),
+        where);
+  }
+  PackItem item;
+  item.sample_id = sample_id;
+  item.tokens = read_count(object, "tokens", where);
+  item.images = read_count(object, "images", where);
+  item.crops = read_count(object, "crops", where);
+  item.supervised = read_count(object, "supervised", where);
+  if (item.supervised > item.tokens) {
+    throw DataError("supervised (" + std::to_string(item.supervised) + ") exceeds tokens (" +
+                        std::to_string(item.tokens) + ")",
+                    where);
+  }
+  return item;
+}
+
+LengthStreamReader::LengthStreamReader(std::string path) : path_(std::move(path)), in_(path_) {
+  if (!in_) throw DataError("cannot open length stream '" + path_ + "'; check the path");
+}
+
+std::optional<PackItem> LengthStreamReader::next() {
+  std::string text;
+  while (std::getline(in_, text)) {
+    ++line_;
+    if (is_blank(text)) continue;
+    return parse_length_line(text, samples_++, path_, line_);
+  }
+  if (in_.bad()) throw DataError("read error in length stream", SourceLocation{path_, line_});
+  return std::nullopt;
+}
+
+std::vector<PackItem> read_length_stream(const std::string& path) {
+  LengthStreamReader reader(path);
+  std::vector<PackItem> items;
+  while (auto item = reader.next()) items.push_back(*item);
+  return items;
+}
+
+}  // namespace vlm::data

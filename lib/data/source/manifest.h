@@ -1,0 +1,71 @@
+// Dataset manifests: JSONL files, one sample per line, in one of two styles, with image
+// paths relative to the manifest.
+//
+//   the_cauldron: {"images": ["a.jpg"], "texts": [{"user": "...", "assistant": "..."}]}
+//   LLaVA:        {"image": "a.jpg", "conversations": [{"from": "human", "value": "<image>\n..."},
+//                                                      {"from": "gpt", "value": "..."}]}
+//
+// A Manifest indexes line offsets once and reads lines on demand (pread: safe from several
+// loader threads), so a million-line manifest costs 8 MB of offsets, not its text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/error.h"
+#include "data/tokenizer/conversation.h"
+
+namespace vlm::data {
+
+struct RawSample {
+  std::vector<std::string> images;  // paths resolved against the manifest's folder
+  std::vector<ChatTurn> turns;      // starts with a user turn, contains an assistant turn
+  SourceLocation where;             // manifest:line
+};
+
+// Why a line could not become a sample. `reason` is a stable counter name
+// ("malformed_json", "bad_schema", "no_assistant_turn", ...).
+struct SampleProblem {
+  std::string reason;
+  std::string message;
+};
+
+using ParsedLine = std::variant<RawSample, SampleProblem>;
+
+enum class ManifestFormat { kAuto, kCauldron, kLlava };
+ManifestFormat parse_manifest_format(const std::string& name);  // "auto", "cauldron", "llava"
+
+// Parses one JSONL line. Never throws for bad content: problems come back as SampleProblem.
+ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
+                               const std::string& manifest_dir, const SourceLocation& where);
+
+class Manifest {
+ public:
+  // Indexes the non-blank lines. Throws DataError when the file is missing, unreadable or
+  // has no samples.
+  Manifest(const std::string& path, ManifestFormat format);
+  ~Manifest();
+  Manifest(const Manifest&) = delete;
+  Manifest& operator=(const Manifest&) = delete;
+
+  const std::string& path() const { return path_; }
+  size_t size() const { return offsets_.size(); }
+  // Sample `index` (0-based among non-blank lines); thread-safe.
+  ParsedLine read(size_t index) const;
+  // 1-based line number of sample `index` in the file.
+  int64_t line_number(size_t index) const { return line_numbers_[index]; }
+
+ private:
+  std::string path_;
+  std::string dir_;
+  ManifestFormat format_;
+  int fd_ = -1;
+  std::vector<uint64_t> offsets_;  // start of each non-blank line
+  std::vector<uint32_t> lengths_;
+  std::vector<int64_t> line_numbers_;
+};
+
+}  // namespace vlm::data

@@ -1,0 +1,84 @@
+#include "data/source/sample_stream.h"
+
+#include <numeric>
+
+#include "core/error.h"
+#include "core/random.h"
+
+namespace vlm::data {
+
+SampleStream::SampleStream(std::vector<uint64_t> sizes, std::vector<double> weights, uint64_t seed,
+                           bool shuffle)
+    : seed_(seed), shuffle_(shuffle) {
+  if (sizes.empty() || sizes.size() != weights.size()) {
+    throw ConfigError("a sample stream needs at least one dataset, each with a weight");
+  }
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) throw DataError("dataset " + std::to_string(d) + " is empty");
+    if (!(weights[d] > 0)) throw ConfigError("dataset weights must be positive");
+    datasets_.push_back(Dataset{sizes[d], weights[d], 0.0, 0, 0, {}});
+    total_weight_ += weights[d];
+    start_epoch(static_cast<uint32_t>(d));
+  }
+}
+
+void SampleStream::start_epoch(uint32_t d) {
+  Dataset& ds = datasets_[d];
+  ds.position = 0;
+  ds.order.clear();
+  if (!shuffle_) return;
+  ds.order.resize(ds.size);
+  std::iota(ds.order.begin(), ds.order.end(), uint64_t{0});
+  Rng rng(Rng::mix({seed_, d, ds.epoch}));
+  rng.shuffle(ds.order);
+}
+
+SampleRef SampleStream::next() {
+  // Smooth weighted round-robin (as in nginx): every dataset earns its weight, the richest
+  // is drawn and pays the total.
+  uint32_t pick = 0;
+  for (uint32_t d = 0; d < datasets_.size(); ++d) {
+    datasets_[d].current += datasets_[d].weight;
+    if (datasets_[d].current > datasets_[pick].current) pick = d;
+  }
+  Dataset& ds = datasets_[pick];
+  ds.current -= total_weight_;
+  const uint64_t index = shuffle_ ? ds.order[ds.position] : ds.position;
+  const SampleRef ref{pick, index, ds.epoch};
+  if (++ds.position == ds.size) {
+    ++ds.epoch;
+    start_epoch(pick);
+  }
+  return ref;
+}
+
+nlohmann::json SampleStream::state() const {
+  nlohmann::json datasets = nlohmann::json::array();
+  for (const auto& ds : datasets_) {
+    datasets.push_back({{"size", ds.size},
+                        {"current", ds.current},
+                        {"epoch", ds.epoch},
+                        {"position", ds.position}});
+  }
+  return {{"seed", seed_}, {"shuffle", shuffle_}, {"datasets", datasets}};
+}
+
+void SampleStream::restore(const nlohmann::json& state) {
+  const auto& datasets = state.at("datasets");
+  if (datasets.size() != datasets_.size() || state.at("seed").get<uint64_t>() != seed_ ||
+      state.at("shuffle").get<bool>() != shuffle_) {
+    throw DataError("the saved data cursor belongs to a different dataset mix or seed");
+  }
+  for (uint32_t d = 0; d < datasets_.size(); ++d) {
+    Dataset& ds = datasets_[d];
+    if (datasets[d].at("size").get<uint64_t>() != ds.size) {
+      throw DataError("dataset " + std::to_string(d) + " changed size since the cursor was saved");
+    }
+    ds.current = datasets[d].at("current").get<double>();
+    ds.epoch = datasets[d].at("epoch").get<uint64_t>();
+    start_epoch(d);
+    ds.position = datasets[d].at("position").get<uint64_t>();
+  }
+}
+
+}  // namespace vlm::data

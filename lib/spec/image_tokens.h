@@ -1,6 +1,6 @@
-// LM tokens an image costs in nanoVLM's layout (data/chat_template.h): the global image token,
-// then image_tokens_per_crop tokens per crop, plus one row/col marker per tile when the image
-// is split into more than one tile (then it also has a global crop).
+// LM tokens an image costs in nanoVLM's layout (data/tokenizer/chat_template.h): the global
+// image token, then image_tokens_per_crop tokens per crop, plus one row/col marker per tile
+// when the image is split into more than one tile (then it also has a global crop).
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 #include <cctype>
 
 #include "core/strings.h"
-#include "data/loader.h"
+#include "data/batch/loader.h"
 #include "model/batch_tensors.h"
 
 namespace vlm::train {

@@ -1,6 +1,7 @@
 // `vlmtrain train`: the training loop of one process (one rank).
 //
-// One optimizer step (DESIGN.md "Data flow of one optimizer step"):
+// One optimizer step (docs/architecture.md "One optimizer step"; the parts: step_runner.h,
+// optimizer_headroom.h, training_checkpoint.h, progress.h):
 //   loader -> this rank's micro-batches of the step and the step's supervised tokens N
 //   -> per micro-batch: forward under autocast, backward of loss_sum / N
 //      (the flag all-reduce after every micro-step lets every rank learn of an OOM anywhere)

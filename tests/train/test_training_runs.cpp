@@ -261,10 +261,24 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
                               "--set output.sample_ledger=true"));
   wait_until([&] { return fs::exists(killed / "checkpoints/step-00000006/COMPLETE.json"); });
   ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  require_ok(run_vlmtrain(run_args(
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  // The kill landed mid-run: the child died by it, after a checkpoint and before the end (the
+  // final checkpoint is step 10's).
+  CATCH_REQUIRE(WIFSIGNALED(status));
+  CATCH_REQUIRE(WTERMSIG(status) == SIGKILL);
+  const fs::path resume_point = last_checkpoint(killed.path());
+  CATCH_REQUIRE(!resume_point.empty());
+  CATCH_REQUIRE(resume_point.filename() != "step-00000010");
+  const int64_t resume_step = std::stoll(resume_point.filename().string().substr(5));
+  CATCH_REQUIRE(resume_step >= 6);
+  const auto resumed = run_vlmtrain(run_args(
       killed.path(),
-      "--set train.max_steps=10 --set output.checkpoint_every=3 --set output.sample_ledger=true")));
+      "--set train.max_steps=10 --set output.checkpoint_every=3 --set output.sample_ledger=true"));
+  require_ok(resumed);
+  // The second run started from that checkpoint, not from scratch.
+  CATCH_CHECK(resumed.output.find("resumed from " + resume_point.string() + " (step " +
+                                  std::to_string(resume_step) + ")") != std::string::npos);
   CATCH_CHECK(max_difference(final_weights(reference.path()), final_weights(killed.path())) == 0.0);
   // The sample ledger reads as one run: the same samples at every step, none twice.
   const auto ledger_ref = records(reference.path() / "samples.jsonl", "samples");

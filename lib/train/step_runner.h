@@ -1,0 +1,73 @@
+// Runs the micro-batches of one planned step on this rank, surviving out-of-memory errors.
+//
+// Each micro-batch: forward under autocast, backward of loss_sum / N (N: the whole step's
+// supervised tokens, known from the plan), so gradients accumulate to those of the step's loss.
+// After each micro-step every rank joins one flag all-reduce, so an OOM anywhere is known
+// everywhere at the same point. On OOM: the step's gradients are freed, the cache emptied, the
+// offending micro-batch is re-collated as two halves (by packs, or by samples of a single pack)
+// and the step is redone from its first micro-batch. N is unchanged, so the result is that of
+// smaller micro-batches from the start and no sample is lost.
+//
+// A learned cost cap (RunState::split_cost_cap) then splits micro-batches heavier than 0.9x the
+// cost that failed before they run, and grows by 1.25x after 50 clean steps, so a transient
+// spike does not slow the run forever. The plan itself is not changed: it is computed ahead on
+// another thread and must stay identical on every rank.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "data/batch/host_batch.h"
+#include "model/vision_language_model.h"
+#include "runtime/distributed.h"
+#include "train/fault_injector.h"
+#include "train/loss_scaler.h"
+#include "train/optimizer.h"
+#include "train/precision.h"
+#include "train/progress.h"
+#include "train/run_state.h"
+
+namespace vlm::train {
+
+// What one step did on this rank, summed over its micro-batches.
+struct StepWork {
+  double loss_sum = 0;  // this rank's summed token losses
+  double forward_ms = 0;
+  double backward_ms = 0;
+  int64_t oom_retries = 0;  // times the step was redone after an OOM
+};
+
+struct StepRunnerContext {
+  model::VisionLanguageModel model;
+  GroupedAdamW* optimizer = nullptr;  // zero_grad between attempts
+  runtime::Communicator* comm = nullptr;
+  torch::Device device{torch::kCPU};
+  Precision precision = Precision::kFp32;
+  LossScaler* scaler = nullptr;  // fp16 only
+  FaultInjector* faults = nullptr;
+  ProgressOutput* progress = nullptr;  // its line is ended before a warning
+  data::CollateOptions collate;        // to re-collate the halves of a split micro-batch
+};
+
+class StepRunner {
+ public:
+  explicit StepRunner(StepRunnerContext context) : c_(std::move(context)) {}
+
+  // Runs step `step` (1-based) over this rank's micro-batches in micro-step order, leaving the
+  // step's gradients accumulated in the parameters. Lowers state.split_cost_cap after an OOM.
+  // Throws vlm::Error(kOutOfMemory) when a micro-batch of a single sample does not fit on any
+  // rank; rethrows every other error.
+  StepWork run(std::vector<data::HostBatch> batches, double inv_n, int64_t step, RunState& state);
+
+  // After a step: counts it as clean or not, and grows the cost cap after enough clean steps.
+  static void update_cost_cap(RunState& state, int64_t oom_retries);
+
+ private:
+  void run_one(const data::HostBatch& batch, double inv_n, int64_t step, StepWork& work);
+  void pre_split(std::vector<data::HostBatch>& sub_batches, double cost_cap) const;
+
+  StepRunnerContext c_;
+};
+
+}  // namespace vlm::train

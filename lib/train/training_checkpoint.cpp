@@ -1,0 +1,91 @@
+#include "train/training_checkpoint.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include "core/config_io.h"
+#include "model/safetensors.h"
+#include "model/weight_map_hf.h"
+#include "runtime/compat.h"
+#include "train/checkpoint_dir.h"
+
+namespace vlm::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<uint8_t> cpu_rng_bytes() {
+  const at::Tensor rng = runtime::compat::generator_state(at::detail::getDefaultCPUGenerator());
+  const auto* bytes = rng.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(bytes, bytes + rng.numel());
+}
+
+void restore_cpu_rng(const std::vector<uint8_t>& bytes) {
+  runtime::compat::set_generator_state(
+      at::detail::getDefaultCPUGenerator(),
+      torch::tensor(std::vector<int64_t>(bytes.begin(), bytes.end())).to(torch::kUInt8));
+}
+
+}  // namespace
+
+void save_training_checkpoint(const fs::path& run_dir, TrainerState state,
+                              const CheckpointContents& c) {
+  const fs::path dir = checkpoints_dir(run_dir);
+  const int64_t step = state.run.step;
+  CheckpointWriter writer(dir, state.config_hash);
+  const fs::path tmp = writer.begin(step);
+
+  model::TensorMap tensors;
+  for (const auto& item : c.model->named_parameters()) {
+    tensors[item.key()] = item.value().detach().to(torch::kCPU);
+  }
+  model::save_nanovlm_weights((tmp / "model.safetensors").string(), tensors, c.config.model.dims,
+                              {{"vlmtrain_step", std::to_string(step)}});
+  writer.add_file("model.safetensors");
+  c.optimizer.save(tmp / "optimizer.pt");
+  writer.add_file("optimizer.pt");
+  state.cpu_rng_state = cpu_rng_bytes();
+  std::ofstream(tmp / "trainer_state.json") << to_json(state).dump(1) << "\n";
+  writer.add_file("trainer_state.json");
+  std::ofstream(tmp / "config.yaml") << to_yaml(c.config, true);
+  writer.add_file("config.yaml");
+  writer.commit();
+  // Sizes only: a full CRC pass over every kept checkpoint at each save would re-read
+  // gigabytes; resume still verifies the one it loads in full.
+  prune_checkpoints(dir, c.config.output.keep_checkpoints, CheckpointVerify::kSizes);
+  spdlog::info("checkpoint: step {} saved to {}", step, (dir / checkpoint_dir_name(step)).string());
+}
+
+std::optional<TrainerState> resume_training_checkpoint(const fs::path& run_dir, int world_size,
+                                                       const CheckpointContents& c) {
+  const auto checkpoint = newest_valid_checkpoint(checkpoints_dir(run_dir));
+  if (!checkpoint) return std::nullopt;
+  const fs::path dir = checkpoint->path;
+  nlohmann::json json;
+  std::ifstream(dir / "trainer_state.json") >> json;
+  TrainerState state = trainer_state_from_json(json);
+  if (state.world_size != world_size) {
+    throw UsageError("checkpoint " + dir.string() + " was written by " +
+                     std::to_string(state.world_size) + " ranks, this run has " +
+                     std::to_string(world_size) +
+                     " (the data plan depends on the world size); start a new output.dir");
+  }
+  if (state.config_hash != config_hash(c.config)) {
+    spdlog::warn("the config changed since checkpoint {} was written; resuming anyway",
+                 dir.string());
+  }
+  const model::TensorMap weights =
+      model::load_weights((dir / "model.safetensors").string(), c.config.model.dims, 0).tensors;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : c.model->named_parameters()) item.value().copy_(weights.at(item.key()));
+  }
+  c.optimizer.load(dir / "optimizer.pt");
+  restore_cpu_rng(state.cpu_rng_state);
+  spdlog::info("resumed from {} (step {})", dir.string(), state.run.step);
+  return state;
+}
+
+}  // namespace vlm::train

@@ -1,0 +1,40 @@
+// A training checkpoint: what `vlmtrain train` saves and resumes from, written through the
+// checkpoint directory protocol (checkpoint_dir.h) so it is never half-written.
+//
+//   checkpoints/step-XXXXXXXX/
+//     model.safetensors    weights in nanoVLM names (loadable by nanoVLM and by model.weights)
+//     optimizer.pt         AdamW moments and step counts per group (optimizer.h)
+//     trainer_state.json   the run state (run_state.h)
+//     config.yaml          the resolved config of the run
+//     COMPLETE.json        the completion marker, written last
+#pragma once
+
+#include <filesystem>
+#include <optional>
+
+#include "core/config.h"
+#include "model/vision_language_model.h"
+#include "train/optimizer.h"
+#include "train/run_state.h"
+
+namespace vlm::train {
+
+struct CheckpointContents {
+  model::VisionLanguageModel& model;
+  GroupedAdamW& optimizer;
+  const Config& config;
+};
+
+// Writes checkpoints/step-<state.run.step> under `run_dir` (call on rank 0 only), with the CPU
+// generator's state taken now, then prunes to output.keep_checkpoints.
+void save_training_checkpoint(const std::filesystem::path& run_dir, TrainerState state,
+                              const CheckpointContents& contents);
+
+// Loads the newest valid checkpoint under `run_dir` into the model and the optimizer, restores
+// the CPU generator and returns the saved state; nullopt when there is none. Throws UsageError
+// when it was written by another number of ranks.
+std::optional<TrainerState> resume_training_checkpoint(const std::filesystem::path& run_dir,
+                                                       int world_size,
+                                                       const CheckpointContents& contents);
+
+}  // namespace vlm::train

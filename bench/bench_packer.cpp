@@ -32,10 +32,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "data/source/length_stream.h"
 #include "data/packing/packer.h"
-#include "data/source/sample_filter.h"
 #include "data/packing/step_planner.h"
+#include "data/source/length_stream.h"
+#include "data/source/sample_filter.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include "commands.h"
 #include "core/logging.h"
 #include "data/batch/batch_report.h"
-#include "data/data_setup.h"
 #include "data/batch/loader.h"
+#include "data/data_setup.h"
 #include "spec/derived.h"
 
 namespace vlm::app {

@@ -7,13 +7,13 @@
 #include <string>
 
 #include "core/config.h"
-#include "data/tokenizer/chat_template.h"
 #include "data/batch/loader.h"
 #include "data/packing/planning_pipeline.h"
+#include "data/packing/worst_case.h"
 #include "data/source/sample_builder.h"
 #include "data/source/skip_counter.h"
+#include "data/tokenizer/chat_template.h"
 #include "data/tokenizer/tokenizer.h"
-#include "data/packing/worst_case.h"
 
 namespace vlm::data {
 

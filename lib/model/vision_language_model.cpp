@@ -61,8 +61,8 @@ void VisionLanguageModelImpl::set_runtime_levers(const ModelLevers& levers) {
 
 torch::Tensor VisionLanguageModelImpl::encode_crops(const torch::Tensor& crops) {
   const auto encode = [&](const torch::Tensor& chunk) {
-    const torch::Tensor features = vision_encoder->forward(chunk.to(module_dtype(*vision_encoder)),
-                                                           levers_.checkpoint_vision);
+    const torch::Tensor features =
+        vision_encoder->forward(chunk.to(module_dtype(*vision_encoder)), levers_.checkpoint_vision);
     return MP->forward(features.to(module_dtype(*MP)));
   };
   const int64_t chunk = levers_.vision_chunk_crops;

@@ -3,7 +3,8 @@
 // TrackingAllocator wraps the CPU allocator LibTorch had before it was installed and counts the
 // live and peak bytes of every tensor allocation. With a cap set, an allocation that would take
 // the live bytes past the cap throws c10::OutOfMemoryError, the same error a CUDA OOM raises, so
-// the trainer's OOM protocol can be driven for real on a CPU-only machine (train/step_runner.h). Install it first thing in main(), before any tensor exists that should be counted.
+// the trainer's OOM protocol can be driven for real on a CPU-only machine (train/step_runner.h).
+// Install it first thing in main(), before any tensor exists that should be counted.
 #pragma once
 
 #include <c10/core/Allocator.h>

@@ -6,11 +6,11 @@
 #include <set>
 
 #include "core/config_io.h"
+#include "data/batch/host_batch.h"
+#include "data/batch/loader.h"
 #include "data/data_setup.h"
 #include "data/demo/demo_data.h"
-#include "data/batch/host_batch.h"
 #include "data/image/image_encode.h"
-#include "data/batch/loader.h"
 #include "data/packing/worst_case.h"
 #include "support/test_support.h"
 

@@ -100,8 +100,7 @@ inline model::VlmBatch single_batch(const spec::ModelSpec& spec, const TestSampl
 }
 
 // The tiny preset with fp32 weights from a fixed seed (same seed = same weights).
-inline model::VisionLanguageModel tiny_model(const ModelLevers& options = {},
-                                             uint64_t seed = 7) {
+inline model::VisionLanguageModel tiny_model(const ModelLevers& options = {}, uint64_t seed = 7) {
   torch::manual_seed(seed);
   return model::VisionLanguageModel(spec::preset("tiny"), options);
 }

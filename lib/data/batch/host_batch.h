@@ -12,8 +12,8 @@
 
 #include "data/image/image_crops.h"
 #include "data/packing/packed_row.h"
-#include "data/source/sample_builder.h"
 #include "data/packing/step_planner.h"
+#include "data/source/sample_builder.h"
 
 namespace vlm::data {
 

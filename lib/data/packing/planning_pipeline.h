@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "data/source/item_source.h"
 #include "data/packing/packer.h"
-#include "data/source/sample_filter.h"
 #include "data/packing/step_planner.h"
+#include "data/source/item_source.h"
+#include "data/source/sample_filter.h"
 
 namespace vlm::data {
 

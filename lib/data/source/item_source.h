@@ -9,9 +9,9 @@
 #include <optional>
 #include <vector>
 
+#include "data/packing/pack_item.h"
 #include "data/source/length_stream.h"
 #include "data/source/manifest.h"
-#include "data/packing/pack_item.h"
 #include "data/source/sample_builder.h"
 #include "data/source/sample_stream.h"
 #include "data/source/skip_counter.h"

@@ -7,10 +7,10 @@
 #include <variant>
 #include <vector>
 
-#include "data/tokenizer/chat_template.h"
 #include "data/image/image_grid.h"
-#include "data/source/manifest.h"
 #include "data/packing/pack_item.h"
+#include "data/source/manifest.h"
+#include "data/tokenizer/chat_template.h"
 
 namespace vlm::data {
 

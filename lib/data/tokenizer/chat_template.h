@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "data/tokenizer/conversation.h"
 #include "data/image/image_grid.h"
+#include "data/tokenizer/conversation.h"
 #include "data/tokenizer/tokenizer.h"
 #include "data/tokenizer/tokenizer_image_tokens.h"
 

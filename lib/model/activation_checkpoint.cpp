@@ -91,6 +91,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       ReplayStateGuard replay_state(*replay, hidden.device());
       torch::AutoGradMode enable_grad(true);
       output = replay->fn(hidden);
+      // The recompute ran under the forward's autocast state, which caches a low-precision
+      // copy of every weight it casts. Nothing else would clear that cache: the copies would
+      // outlive the step (memory nobody counts) and the next forward would be served the
+      // stale, pre-update copies. The recomputed graph keeps what it needs.
+      if (replay->autocast.cpu_enabled || replay->autocast.cuda_enabled) {
+        at::autocast::clear_cache();
+      }
     }
     variable_list grads(kFirstParameterSlot + saved.size() - 1);
     if (wrt.empty() || !output.requires_grad() || !output_grads[0].defined()) return grads;

@@ -135,6 +135,36 @@ CATCH_TEST_CASE("checkpoint replays the forward's RNG and autocast state") {
   CATCH_CHECK(!runtime::compat::autocast_state().cpu_enabled);
 }
 
+CATCH_TEST_CASE("a checkpointed recompute under autocast leaves no stale weight copies behind") {
+  torch::manual_seed(5);
+  const torch::Tensor weight = torch::randn({16, 16}, torch::requires_grad());
+  const torch::Tensor input = torch::randn({8, 16});
+  const model::BlockForward block = [&](const torch::Tensor& h) {
+    return torch::matmul(h, weight);
+  };
+  // One step as the trainer runs it: forward in an autocast scope (cache cleared on exit, as
+  // train::AutocastScope does), then backward outside it.
+  auto forward = [&](bool checkpoint) {
+    auto state = runtime::compat::autocast_state();
+    auto autocast = state;
+    autocast.cpu_enabled = true;
+    autocast.cpu_dtype = torch::kBFloat16;
+    runtime::compat::set_autocast_state(autocast);
+    const torch::Tensor x = input.detach().requires_grad_(true);
+    torch::Tensor y = checkpoint ? model::checkpointed(block, x, {weight}) : block(x);
+    runtime::compat::set_autocast_state(state);
+    at::autocast::clear_cache();
+    return y;
+  };
+  forward(true).to(torch::kFloat).sum().backward();
+  {
+    torch::NoGradGuard no_grad;
+    weight.add_(1.0);  // the optimizer's in-place update
+  }
+  // The next forward must see the updated weight, checkpointed or not.
+  CATCH_CHECK(torch::equal(forward(true).detach(), forward(false).detach()));
+}
+
 CATCH_TEST_CASE("frozen modules get no gradients; frozen_dtype bf16 halves their bytes") {
   ModelLevers options;
   options.freeze_vision = true;

@@ -1,0 +1,38 @@
+#include "memory/memory_spec.h"
+
+#include <stdexcept>
+
+namespace vlm::memory {
+
+ComputePrecision compute_precision(const std::string& name) {
+  if (name == "fp32") return ComputePrecision::kFp32;
+  if (name == "bf16" || name == "fp16") return ComputePrecision::kBf16;
+  throw std::invalid_argument("unknown precision '" + name + "' (fp32, bf16, fp16)");
+}
+
+MemorySpec memory_spec(const spec::ModelSpec& dims, const ModelLevers& levers,
+                       ComputePrecision precision) {
+  MemorySpec s;
+  s.dims = dims;
+  s.levers = levers;
+  s.precision = precision;
+  const int64_t frozen_bytes = levers.frozen_in_bf16() ? 2 : 4;
+  auto state = [&](bool frozen) { return ModuleState{!frozen, frozen ? frozen_bytes : 4}; };
+  s.vision = state(levers.freeze_vision);
+  s.projector = state(levers.freeze_projector);
+  s.language = state(levers.freeze_language);
+  return s;
+}
+
+MemorySpec memory_spec(const Config& config) {
+  MemorySpec s =
+      memory_spec(config.model.dims, config.model, compute_precision(config.train.precision));
+  // A peak learning rate of 0 freezes a module in the optimizer (train/optimizer.h); its
+  // parameters keep their fp32 storage.
+  if (config.train.lr.vision == 0.0) s.vision.trainable = false;
+  if (config.train.lr.projector == 0.0) s.projector.trainable = false;
+  if (config.train.lr.language == 0.0) s.language.trainable = false;
+  return s;
+}
+
+}  // namespace vlm::memory

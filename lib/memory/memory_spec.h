@@ -1,0 +1,43 @@
+// What the memory model needs to know about a run: the model's dimensions, its memory levers
+// (core/config.h ModelLevers: checkpointing, chunking, freezing, frozen dtype) and the compute
+// precision. Torch-free: the memory layer depends on core and spec only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+#include "spec/model_spec.h"
+
+namespace vlm::memory {
+
+enum class ComputePrecision {
+  kFp32,  // every tensor fp32
+  kBf16,  // autocast: matmuls and convolutions in bf16, master weights fp32
+};
+
+// "fp32" -> kFp32; "bf16" and "fp16" (the same bytes per element) -> kBf16.
+ComputePrecision compute_precision(const std::string& name);
+
+// A module (vision, projector, language) as the trainer holds it: trained or frozen, and the
+// bytes of each parameter element. A module is frozen by model.freeze_* (then stored in
+// model.frozen_dtype) or by a peak learning rate of 0 (then it keeps fp32 storage).
+struct ModuleState {
+  bool trainable = true;
+  int64_t parameter_bytes = 4;  // per element: 4 fp32, 2 bf16
+};
+
+struct MemorySpec {
+  spec::ModelSpec dims;
+  ModelLevers levers;  // checkpointing and chunking; freezing is resolved into the states below
+  ComputePrecision precision = ComputePrecision::kFp32;
+  ModuleState vision, projector, language;
+};
+
+// The spec of a config's run (model.*, train.precision, train.lr.*).
+MemorySpec memory_spec(const Config& config);
+// The spec of a model built from `levers` alone (no learning rate freezes a module).
+MemorySpec memory_spec(const spec::ModelSpec& dims, const ModelLevers& levers,
+                       ComputePrecision precision);
+
+}  // namespace vlm::memory

@@ -1,0 +1,161 @@
+#include "memory/saved_activations.h"
+
+#include <stdexcept>
+
+#include "spec/derived.h"
+
+namespace vlm::memory {
+namespace {
+
+constexpr int64_t e = 4;  // fp32
+
+struct Dims {
+  // vision
+  int64_t n, P, d, m, h, Lv, I;
+  // language
+  int64_t N, D, F, Hq, Hkv, hd, Ll, V, Q2, Ns;
+};
+
+Dims dims_of(const MemorySpec& spec, const BatchShape& b) {
+  const auto& v = spec.dims.vision;
+  const auto& l = spec.dims.language;
+  return Dims{b.crops,
+              spec::patches_per_crop(v),
+              v.hidden_size,
+              v.mlp_size,
+              v.num_heads,
+              v.num_layers,
+              spec::image_tokens_per_crop(spec.dims),
+              b.tokens(),
+              l.hidden_size,
+              l.mlp_size,
+              l.num_heads,
+              l.num_kv_heads,
+              spec::language_head_dim(l),
+              l.num_layers,
+              spec::language_vocab_rows(l),
+              b.sum_segment_len_sq,
+              b.supervised_tokens};
+}
+
+// One pre-LN ViT block, trainable (vision_transformer.cpp): the LN1 output, the contiguous
+// copies of q, k and v that matmul makes of the permuted views, the attention context, the
+// residual, the LN2 output and the block output (8 x d); the MLP input to GELU and its output
+// (2 x m); the softmax probabilities (h x P per patch); the mean and rstd of both LayerNorms.
+int64_t vision_block(const Dims& x) {
+  return x.n * x.P * (e * (8 * x.d + 2 * x.m + x.h * x.P) + 16);
+}
+
+// One decoder block, trainable: RMSNorm keeps x^2 (its mean's input), the normalised x and
+// the weighted output, twice (6 x D); q and k after RoPE, v, the context, the residual and the
+// block output (6 x D; with GQA, keys and values are the contiguous expansions to Hq heads);
+// SwiGLU's gate, activation, up and product (4 x F); the two rsqrt results; per segment the
+// fp32 probabilities (Hq x len^2) and the boolean causal mask (len^2); GQA's two index
+// tensors (Hq int64 each).
+int64_t language_block(const Dims& x, bool trainable) {
+  const int64_t gqa_index = x.Hkv < x.Hq ? 2 * 8 * x.Hq : 0;
+  const int64_t attention = (e * x.Hq + 1) * x.Q2;
+  // Frozen weights: no linear input is kept for a weight gradient, and RMSNorm's normalised
+  // and weighted outputs are not kept either: x^2 twice, q, k, v, the residual and the output
+  // (7 x D), and SiLU's input, activation and the up projection (3 x F).
+  if (!trainable) return e * x.N * (7 * x.D + 3 * x.F) + 8 * x.N + attention + gqa_index;
+  return e * x.N * (12 * x.D + 4 * x.F) + 8 * x.N + attention + gqa_index;
+}
+
+// One decoder block frozen in bf16, run with a gradient flowing through it (to a trainable
+// image path): RMSNorm makes an fp32 copy of its bf16 input and keeps it, x^2 and rsqrt, twice
+// (4 x D at 4 B); q, k and v in bf16 (3 x D at 2 B; k and v expanded to Hq heads); SiLU's input,
+// its activation and the up projection in bf16 (3 x F at 2 B); the bf16 copies of RoPE's cos
+// and sin made by each of the two rotary calls (4 x head_dim at 2 B); per segment the fp32
+// probabilities, their bf16 copy for the product with v, and the mask. Checkpointed: the bf16
+// input and the RNG state.
+int64_t bf16_frozen_language_block(const Dims& x, bool checkpointed) {
+  if (checkpointed) return 2 * x.N * x.D + kCpuRngStateBytes;
+  const int64_t gqa_index = x.Hkv < x.Hq ? 2 * 8 * x.Hq : 0;
+  return 4 * 4 * x.N * x.D + 2 * 3 * x.N * x.D + 2 * 3 * x.N * x.F + 8 * x.N + 2 * 4 * x.N * x.hd +
+         (6 * x.Hq + 1) * x.Q2 + gqa_index;
+}
+
+}  // namespace
+
+int64_t batch_tensor_bytes(const MemorySpec& spec, const BatchShape& b) {
+  const int64_t S = spec.dims.vision.image_size;
+  return 3 * 8 * b.tokens() + 8 * (b.segments + 1) +
+         8 * b.crops * spec::image_tokens_per_crop(spec.dims) + e * b.crops * 3 * S * S;
+}
+
+SavedActivations saved_activations(const MemorySpec& spec, const BatchShape& shape) {
+  if (spec.precision != ComputePrecision::kFp32) {
+    throw std::invalid_argument("the memory model covers fp32 compute only so far");
+  }
+  const Dims x = dims_of(spec, shape);
+  const bool vision_graph = x.n > 0 && spec.vision.trainable;
+  const bool image_graph = x.n > 0 && (vision_graph || spec.projector.trainable);
+  const bool language_graph = spec.language.trainable || image_graph;
+  SavedActivations s;
+
+  if (vision_graph) {
+    const int64_t hidden = e * x.n * x.P * x.d;
+    const int64_t final_norm_stats = 8 * x.n * x.P;
+    if (spec.levers.checkpoint_vision) {
+      // Each block keeps its input and the RNG state; the last output is kept by the final LN.
+      // With vision_chunk_crops every chunk runs the blocks on its own: one RNG state per
+      // block and chunk.
+      const int64_t chunk = spec.levers.vision_chunk_crops;
+      const int64_t chunks = chunk > 0 ? (x.n + chunk - 1) / chunk : 1;
+      s.vision = (x.Lv + 1) * hidden + chunks * x.Lv * kCpuRngStateBytes + final_norm_stats;
+    } else {
+      s.vision = hidden + x.Lv * vision_block(x) + final_norm_stats;
+    }
+  }
+  if (x.n > 0) {
+    // The pixel-shuffled features (a contiguous copy) are kept for the weight's gradient; the
+    // output is kept by the index_copy that writes it into the LM input.
+    // A decoder frozen in bf16 takes (and index_copy keeps) a bf16 copy of the output.
+    const bool bf16_decoder = !spec.language.trainable && spec.language.parameter_bytes == 2;
+    if (spec.projector.trainable) s.projector += e * x.n * x.P * x.d;
+    if (image_graph) s.projector += (bf16_decoder ? 2 : e) * x.n * x.I * x.D;
+  }
+  // The forward's outputs: the summed loss (fp32) and the supervised count (int64).
+  s.loss = 4 + 8;
+  if (!language_graph) return s;
+
+  const int64_t hidden = e * x.N * x.D;
+  // A decoder frozen in bf16 (model.frozen_dtype) computes in bf16 even in an fp32 run.
+  const bool bf16_decoder = !spec.language.trainable && spec.language.parameter_bytes == 2;
+  if (bf16_decoder) {
+    s.language = x.Ll * bf16_frozen_language_block(x, spec.levers.checkpoint_language);
+    // The LM input is its bf16 copy, kept (as every block's input) only when checkpointed,
+    // and counted with the blocks; the blocks' closures then keep the fp32 RoPE tables.
+    if (spec.levers.checkpoint_language) s.rotary = 2 * e * x.N * x.hd;
+    // Final RMSNorm: the fp32 copy of its bf16 input, x^2 and rsqrt.
+    s.language += 2 * hidden + e * x.N;
+  } else {
+    s.embeddings = hidden;
+    s.rotary = 2 * e * x.N * x.hd;
+    if (spec.levers.checkpoint_language) {
+      s.language = x.Ll * (hidden + kCpuRngStateBytes);
+    } else {
+      s.language = x.Ll * language_block(x, spec.language.trainable);
+    }
+    // Final RMSNorm: x^2 and rsqrt, plus the normalised x when its weight is trained.
+    s.language += (spec.language.trainable ? 2 : 1) * hidden + e * x.N;
+  }
+
+  // Loss: the supervised rows, their indices and targets (int64). Unchunked: the rows only
+  // for the head's gradient, the log-probabilities and NLL's total weight (an fp32 scalar).
+  // Chunked (loss_chunk_tokens): each chunk is checkpointed, so it keeps a view of the rows
+  // (their whole storage) and an RNG state, and recomputes its logits in backward.
+  const int64_t chunk = spec.levers.loss_chunk_tokens;
+  if (x.Ns > 0 && chunk > 0 && x.Ns > chunk) {
+    const int64_t chunks = (x.Ns + chunk - 1) / chunk;
+    const int64_t rows_bytes = (bf16_decoder ? 2 : e) * x.Ns * x.D;
+    s.loss += rows_bytes + 16 * x.Ns + chunks * kCpuRngStateBytes;
+  } else if (x.Ns > 0) {
+    if (spec.language.trainable) s.loss += e * x.Ns * x.D;
+    s.loss += e * x.Ns * x.V + 16 * x.Ns + 4;
+  }
+  return s;
+}
+
+}  // namespace vlm::memory

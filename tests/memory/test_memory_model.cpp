@@ -1,0 +1,113 @@
+// The memory model without torch: its inputs from a config, the static terms, and figures
+// measured earlier with the tracking allocator (docs/BENCHMARKS.md, bench_model).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "memory/batch_shape.h"
+#include "memory/saved_activations.h"
+#include "memory/static_memory.h"
+#include "spec/derived.h"
+
+using namespace vlm;
+
+namespace {
+
+// bench_model's pack: one row of 4096 tokens, 8 samples of 512, each with one crop after its
+// first token; every token supervised except the image tokens and each sample's last.
+memory::BatchShape bench_pack(const spec::ModelSpec& dims) {
+  const int64_t image_tokens = spec::image_tokens_per_crop(dims);
+  return memory::BatchShape::from_segments(1, 4096, std::vector<int64_t>(8, 512), 8,
+                                           4096 - 8 * image_tokens - 8);
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+}  // namespace
+
+TEST_CASE("memory spec: frozen modules, their dtype, and a learning rate of 0") {
+  Config config;
+  config.model.freeze_vision = true;
+  config.model.frozen_dtype = "bf16";
+  config.train.lr.projector = 0.0;
+  config.train.precision = "bf16";
+  const memory::MemorySpec s = memory::memory_spec(config);
+  CHECK(s.precision == memory::ComputePrecision::kBf16);
+  CHECK_FALSE(s.vision.trainable);
+  CHECK(s.vision.parameter_bytes == 2);
+  CHECK_FALSE(s.projector.trainable);       // frozen by its learning rate...
+  CHECK(s.projector.parameter_bytes == 4);  // ...so it keeps fp32 storage
+  CHECK(s.language.trainable);
+  CHECK(s.language.parameter_bytes == 4);
+  CHECK_THROWS(memory::compute_precision("fp8"));
+}
+
+TEST_CASE("static memory: parameters, gradients and AdamW moments of nanovlm-460m") {
+  const auto dims = spec::preset("nanovlm-460m");
+  const auto all = memory::static_memory(
+      memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kBf16));
+  const int64_t params = 460'113'984;  // nanoVLM's count (spec/derived.h)
+  const int64_t inv_freq = 4 * 64 / 2;
+  CHECK(all.parameter_bytes() == 4 * params + inv_freq);
+  CHECK(all.gradient_bytes() == 4 * params);
+  CHECK(all.moment_bytes() == 8 * params);
+  CHECK(all.largest_trainable_parameter == 49'218 * 960);  // the tied embedding
+
+  ModelLevers frozen;
+  frozen.freeze_vision = true;
+  frozen.frozen_dtype = "bf16";
+  const auto s =
+      memory::static_memory(memory::memory_spec(dims, frozen, memory::ComputePrecision::kBf16));
+  CHECK(s.vision.parameter_bytes == 2 * 86'433'024);
+  CHECK(s.vision.gradient_bytes == 0);
+  CHECK(s.vision.moment_bytes == 0);
+  CHECK(s.total_bytes() == all.total_bytes() - 14 * 86'433'024);
+}
+
+TEST_CASE("batch shape: segments with the rows' padding") {
+  const auto b = memory::BatchShape::from_segments(2, 16, {10, 6, 3, 5, 8}, 3, 7);
+  CHECK(b.tokens() == 32);
+  CHECK(b.segments == 5);
+  CHECK(b.sum_segment_len_sq == 100 + 36 + 9 + 25 + 64);
+  CHECK(b.max_segment_len == 10);
+}
+
+TEST_CASE("saved activations: the tiny model on bench_model's pack, as measured") {
+  // bench_model (docs/BENCHMARKS.md): 342.0 MiB saved without checkpointing, 17.6 MiB with
+  // it, loss chunks of 1024 tokens, fp32, counted by the tracking allocator.
+  const auto dims = spec::preset("tiny");
+  ModelLevers levers;
+  levers.loss_chunk_tokens = 1024;
+  const auto plain = memory::saved_activations(
+      memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), bench_pack(dims));
+  levers.checkpoint_vision = levers.checkpoint_language = true;
+  const auto checkpointed = memory::saved_activations(
+      memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), bench_pack(dims));
+  CHECK(std::round(mib(plain.total()) * 10) / 10 == Approx(342.0));
+  CHECK(std::round(mib(checkpointed.total()) * 10) / 10 == Approx(17.6));
+  // Checkpointing keeps each block's input (and an RNG state) instead of its internals.
+  CHECK(checkpointed.language < plain.language / 20);
+  CHECK(checkpointed.loss == plain.loss);
+}
+
+TEST_CASE("saved activations: a ViT block is 4nP(8d + 2m + hP) + 16nP bytes in fp32") {
+  auto dims = spec::preset("nanovlm-460m");
+  ModelLevers levers;
+  levers.freeze_projector = levers.freeze_language = true;  // isolate the vision tower
+  auto with_layers = [&](int64_t layers) {
+    dims.vision.num_layers = layers;
+    const auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
+    return memory::saved_activations(spec, memory::BatchShape::from_segments(1, 8, {8}, 3, 0))
+        .vision;
+  };
+  const int64_t n = 3, P = 1024, d = 768, m = 3072, h = 12;
+  CHECK(with_layers(2) - with_layers(1) == 4 * n * P * (8 * d + 2 * m + h * P) + 16 * n * P);
+}
+
+TEST_CASE("saved activations: bf16 compute is not modelled yet and says so") {
+  const auto dims = spec::preset("tiny");
+  CHECK_THROWS_AS(memory::saved_activations(
+                      memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kBf16),
+                      bench_pack(dims)),
+                  std::invalid_argument);
+}

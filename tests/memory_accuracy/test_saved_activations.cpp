@@ -1,0 +1,72 @@
+// The memory model against the tracking allocator, to the byte: model states and what the
+// forward pass saves for backward, over random small models, batches and levers.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <sstream>
+
+#include "memory/saved_activations.h"
+#include "memory/static_memory.h"
+#include "memory_accuracy/memory_probe.h"
+
+using namespace vlm;
+
+namespace {
+
+std::string describe(const spec::ModelSpec& d, const ModelLevers& l, const memory::BatchShape& b) {
+  std::ostringstream o;
+  o << "vision S=" << d.vision.image_size << " p=" << d.vision.patch_size
+    << " d=" << d.vision.hidden_size << " h=" << d.vision.num_heads << " m=" << d.vision.mlp_size
+    << " L=" << d.vision.num_layers << " | shuffle " << d.projector.pixel_shuffle
+    << " | lm D=" << d.language.hidden_size << " Hq=" << d.language.num_heads
+    << " Hkv=" << d.language.num_kv_heads << " F=" << d.language.mlp_size
+    << " L=" << d.language.num_layers << " V=" << spec::language_vocab_rows(d.language)
+    << " | levers ckpt_v=" << l.checkpoint_vision << " ckpt_l=" << l.checkpoint_language
+    << " chunk=" << l.vision_chunk_crops << " freeze v/p/l=" << l.freeze_vision
+    << l.freeze_projector << l.freeze_language << " frozen " << l.frozen_dtype << " loss_chunk "
+    << l.loss_chunk_tokens << " | batch B=" << b.rows << " T=" << b.row_tokens
+    << " crops=" << b.crops << " Ns=" << b.supervised_tokens << " S=" << b.segments
+    << " Q2=" << b.sum_segment_len_sq;
+  return o.str();
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("memory model: parameters and buffers of random models, to the byte") {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    const spec::ModelSpec dims = test::random_dims(rng);
+    const ModelLevers levers = test::random_levers(rng);
+    const auto predicted =
+        memory::static_memory(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32));
+    const int64_t before = test::live_bytes();
+    model::VisionLanguageModel model(dims, levers);
+    CATCH_INFO(describe(dims, levers, {}));
+    CATCH_CHECK(test::live_bytes() - before == predicted.parameter_bytes());
+  }
+}
+
+CATCH_TEST_CASE("memory model: saved activations of fp32 forwards, to the byte") {
+  std::mt19937_64 rng(29);
+  for (int trial = 0; trial < 150; ++trial) {
+    torch::set_num_threads(trial % 2 + 1);  // the bytes do not depend on the thread count
+    const spec::ModelSpec dims = test::random_dims(rng);
+    ModelLevers levers = test::random_levers(rng);
+    const auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
+    torch::manual_seed(trial);
+    model::VisionLanguageModel model(dims, levers);
+    const int64_t rows = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+    const int64_t max_crops = std::uniform_int_distribution<int64_t>(0, 4)(rng);
+    const test::ProbeBatch batch = test::random_batch(dims, rng, rows, max_crops);
+    const auto predicted = memory::saved_activations(spec, batch.shape);
+    CATCH_INFO(describe(dims, levers, batch.shape));
+    CATCH_INFO("predicted vision " << predicted.vision << " projector " << predicted.projector
+                                   << " embeddings " << predicted.embeddings << " rotary "
+                                   << predicted.rotary << " language " << predicted.language
+                                   << " loss " << predicted.loss);
+    const int64_t before = test::live_bytes();
+    const auto out = model->forward(batch.tensors);
+    CATCH_CHECK(test::live_bytes() - before == predicted.total());
+  }
+  torch::set_num_threads(1);
+}

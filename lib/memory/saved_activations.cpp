@@ -1,7 +1,5 @@
 #include "memory/saved_activations.h"
 
-#include <stdexcept>
-
 #include "spec/derived.h"
 
 namespace vlm::memory {
@@ -76,6 +74,123 @@ int64_t bf16_frozen_language_block(const Dims& x, bool checkpointed) {
          (6 * x.Hq + 1) * x.Q2 + gqa_index;
 }
 
+// --- bf16 autocast ------------------------------------------------------------------------
+// Convolutions and linears run in bf16 on bf16 copies of their inputs; LayerNorm, RMSNorm,
+// softmax (asked for in fp32), GELU, SiLU and the residual stream stay in their input dtype,
+// so the residual stream is fp32. Autocast caches the bf16 copy of a trainable leaf tensor for
+// the scope (the convolution's weight, the biases), but a linear reaches the cast through
+// `weight.t()`, a view, which is cast anew on every call: each use of a linear keeps its own
+// bf16 weight copy when its input needs a gradient (once per ViT chunk).
+
+// One ViT block: the bf16 input copies of the four linears' inputs and of q, k, v and the
+// context (2 B), the fp32 residual and output (4 B), GELU's bf16 input and output, the fp32
+// probabilities and their bf16 copy for the product with v, LayerNorm statistics; plus the
+// bf16 copies of the block's four weights.
+int64_t vision_block_bf16(const Dims& x, int64_t chunks) {
+  const int64_t activations = x.n * x.P * (20 * x.d + 4 * x.m + 6 * x.h * x.P + 16);
+  const int64_t weights = 2 * (4 * x.d * x.d + 2 * x.d * x.m);
+  return activations + chunks * weights;
+}
+
+// One decoder block: RMSNorm in fp32 as in fp32 compute without its weighted outputs (x^2 and
+// the normalised x, twice: 16 B per D); each of q, k, v, gate and up casts the norm's output
+// to bf16 itself (5 copies); q, k, v after RoPE and the context in bf16; the fp32 residual and
+// output; the MLP in bf16; every rotary call casts cos and sin to bf16 (4 copies of hd); per
+// segment the fp32 probabilities, their bf16 copy and the mask; GQA's indices; plus the bf16
+// copies of the block's seven weights.
+int64_t language_block_bf16(const Dims& x) {
+  const int64_t Dkv = x.Hkv * x.hd;
+  const int64_t gqa_index = x.Hkv < x.Hq ? 2 * 8 * x.Hq : 0;
+  const int64_t activations =
+      x.N * (42 * x.D + 8 * x.F + 8 + 8 * x.hd) + (6 * x.Hq + 1) * x.Q2 + gqa_index;
+  const int64_t weights = 2 * (2 * x.D * x.D + 2 * x.D * Dkv + 3 * x.D * x.F);
+  return activations + weights;
+}
+
+// A decoder block that is frozen (fp32 or bf16 storage) with a gradient flowing through it:
+// RMSNorm keeps x^2 and an fp32 input (its own copy when the input is bf16) but not its
+// outputs; q, k, v, SiLU's input, its activation and the up projection in bf16; the bf16 cos
+// and sin copies; the probabilities in fp32 and bf16; a frozen fp32 weight is cast anew by
+// every linear, and the copy is kept for the input's gradient.
+int64_t frozen_language_block_bf16(const Dims& x, bool fp32_weights) {
+  const int64_t Dkv = x.Hkv * x.hd;
+  const int64_t gqa_index = x.Hkv < x.Hq ? 2 * 8 * x.Hq : 0;
+  const int64_t activations =
+      x.N * (22 * x.D + 6 * x.F + 8 + 8 * x.hd) + (6 * x.Hq + 1) * x.Q2 + gqa_index;
+  const int64_t weights = 2 * (2 * x.D * x.D + 2 * x.D * Dkv + 3 * x.D * x.F);
+  return activations + (fp32_weights ? weights : 0);
+}
+
+SavedActivations saved_activations_bf16(const MemorySpec& spec, const BatchShape& shape) {
+  const Dims x = dims_of(spec, shape);
+  const auto& v = spec.dims.vision;
+  const int64_t image = v.image_size, patch = v.patch_size;
+  const bool vision_graph = x.n > 0 && spec.vision.trainable;
+  const bool image_graph = x.n > 0 && (vision_graph || spec.projector.trainable);
+  const bool language_graph = spec.language.trainable || image_graph;
+  // A decoder frozen in bf16 takes bf16 input embeddings; otherwise they are fp32.
+  const bool bf16_decoder = !spec.language.trainable && spec.language.parameter_bytes == 2;
+  const int64_t chunk = spec.levers.vision_chunk_crops;
+  const int64_t chunks = x.n > 0 && chunk > 0 ? (x.n + chunk - 1) / chunk : 1;
+  SavedActivations s;
+  s.loss = 4 + 8;  // the summed loss and the supervised count
+
+  if (vision_graph) {
+    const int64_t hidden = e * x.n * x.P * x.d;
+    // The convolution keeps the bf16 copy of the crops and of its (cached) weight.
+    s.vision = 2 * 3 * x.n * image * image + 2 * 3 * patch * patch * x.d;
+    if (spec.levers.checkpoint_vision) {
+      s.vision += (x.Lv + 1) * hidden + chunks * x.Lv * kCpuRngStateBytes;
+    } else {
+      s.vision += hidden + x.Lv * vision_block_bf16(x, chunks);
+    }
+    s.vision += 8 * x.n * x.P;  // final LayerNorm statistics
+  }
+  if (image_graph) {
+    // The projector keeps the bf16 copy of the shuffled features for its weight's gradient,
+    // and its weight's bf16 copy (one per ViT chunk) for the features' gradient when the ViT
+    // is trained (a frozen fp32 weight is cast too; a bf16 one is kept as it is).
+    const int64_t s2 = spec.dims.projector.pixel_shuffle * spec.dims.projector.pixel_shuffle;
+    if (spec.projector.trainable) s.projector += 2 * x.n * x.P * x.d;
+    if (vision_graph && spec.projector.parameter_bytes == 4) {
+      s.projector += chunks * 2 * x.d * s2 * x.D;
+    }
+    // Its bf16 output enters the LM input as it is (a bf16 decoder) or as an fp32 copy; the
+    // index_copy that writes it keeps that source.
+    s.projector += (bf16_decoder ? 2 : e) * x.n * x.I * x.D;
+  }
+  if (!language_graph) return s;
+
+  const int64_t hidden = e * x.N * x.D;
+  if (spec.levers.checkpoint_language) {
+    s.rotary = 2 * e * x.N * x.hd;  // the blocks' closures keep the fp32 tables
+    s.language = x.Ll * ((bf16_decoder ? hidden / 2 : hidden) + kCpuRngStateBytes);
+  } else if (spec.language.trainable) {
+    s.language = x.Ll * language_block_bf16(x);
+  } else {
+    s.language = x.Ll * frozen_language_block_bf16(x, !bf16_decoder);
+  }
+  // The LM input is kept by the first block as it is (fp32), or by its norm as an fp32 copy.
+  if (!bf16_decoder) s.embeddings = hidden;
+  // Final RMSNorm: x^2 and the normalised x (trained) or an fp32 copy of its bf16 input
+  // (bf16 decoder), and rsqrt.
+  s.language += (spec.language.trainable || bf16_decoder ? 2 : 1) * hidden + e * x.N;
+
+  const int64_t loss_chunk = spec.levers.loss_chunk_tokens;
+  if (x.Ns > 0 && loss_chunk > 0 && x.Ns > loss_chunk) {
+    const int64_t loss_chunks = (x.Ns + loss_chunk - 1) / loss_chunk;
+    s.loss += (bf16_decoder ? 2 : e) * x.Ns * x.D + 16 * x.Ns + loss_chunks * kCpuRngStateBytes;
+  } else if (x.Ns > 0) {
+    // The bf16 copy of the rows (for the head's gradient) and of the transposed head (a view:
+    // cast anew, kept for the rows' gradient unless the head is stored in bf16), the fp32
+    // log-probabilities, indices and targets, NLL's total weight.
+    if (spec.language.trainable) s.loss += 2 * x.Ns * x.D;
+    if (!bf16_decoder) s.loss += 2 * x.V * x.D;
+    s.loss += e * x.Ns * x.V + 16 * x.Ns + 4;
+  }
+  return s;
+}
+
 }  // namespace
 
 int64_t batch_tensor_bytes(const MemorySpec& spec, const BatchShape& b) {
@@ -85,9 +200,7 @@ int64_t batch_tensor_bytes(const MemorySpec& spec, const BatchShape& b) {
 }
 
 SavedActivations saved_activations(const MemorySpec& spec, const BatchShape& shape) {
-  if (spec.precision != ComputePrecision::kFp32) {
-    throw std::invalid_argument("the memory model covers fp32 compute only so far");
-  }
+  if (spec.precision == ComputePrecision::kBf16) return saved_activations_bf16(spec, shape);
   const Dims x = dims_of(spec, shape);
   const bool vision_graph = x.n > 0 && spec.vision.trainable;
   const bool image_graph = x.n > 0 && (vision_graph || spec.projector.trainable);

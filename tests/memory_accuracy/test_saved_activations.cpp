@@ -8,6 +8,7 @@
 #include "memory/saved_activations.h"
 #include "memory/static_memory.h"
 #include "memory_accuracy/memory_probe.h"
+#include "train/precision.h"
 
 using namespace vlm;
 
@@ -66,6 +67,37 @@ CATCH_TEST_CASE("memory model: saved activations of fp32 forwards, to the byte")
                                    << " loss " << predicted.loss);
     const int64_t before = test::live_bytes();
     const auto out = model->forward(batch.tensors);
+    CATCH_CHECK(test::live_bytes() - before == predicted.total());
+  }
+  torch::set_num_threads(1);
+}
+
+CATCH_TEST_CASE("memory model: saved activations of bf16 autocast forwards, to the byte") {
+  std::mt19937_64 rng(31);
+  for (int trial = 0; trial < 150; ++trial) {
+    torch::set_num_threads(trial % 2 + 1);
+    const spec::ModelSpec dims = test::random_dims(rng);
+    ModelLevers levers = test::random_levers(rng);
+    const auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kBf16);
+    torch::manual_seed(trial);
+    model::VisionLanguageModel model(dims, levers);
+    const int64_t rows = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+    const int64_t max_crops = std::uniform_int_distribution<int64_t>(0, 4)(rng);
+    const test::ProbeBatch batch = test::random_batch(dims, rng, rows, max_crops);
+    const auto predicted = memory::saved_activations(spec, batch.shape);
+    CATCH_INFO(describe(dims, levers, batch.shape));
+    CATCH_INFO("predicted vision " << predicted.vision << " projector " << predicted.projector
+                                   << " embeddings " << predicted.embeddings << " rotary "
+                                   << predicted.rotary << " language " << predicted.language
+                                   << " loss " << predicted.loss);
+    const int64_t before = test::live_bytes();
+    model::VlmOutput out;
+    {
+      // As the trainer runs it: the forward in an autocast scope, which clears autocast's
+      // weight cache when it ends.
+      train::AutocastScope autocast(train::Precision::kBf16, torch::kCPU);
+      out = model->forward(batch.tensors);
+    }
     CATCH_CHECK(test::live_bytes() - before == predicted.total());
   }
   torch::set_num_threads(1);

@@ -1,0 +1,126 @@
+// How fast the memory model predicts, from metadata alone, as the step planner will call it:
+// the public length stream packed with nanoVLM's limits (as bench_packer), micro-batches of
+// `batch_size` packs laid out as the collator does, and for each one its BatchShape and the
+// bytes its forward keeps for backward (memory/saved_activations.h).
+//
+//   bench_memory [STREAM] [--preset NAME] [--batch-size B] [--precision fp32|bf16]
+//                [--checkpoint] [--repeat R]
+//
+// Prints predictions per second on one core and the distribution of the predicted bytes.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "data/packing/packer.h"
+#include "data/source/length_stream.h"
+#include "data/source/sample_filter.h"
+#include "memory/saved_activations.h"
+#include "memory/static_memory.h"
+#include "spec/derived.h"
+
+namespace {
+
+using vlm::data::Pack;
+
+// The layout collate_host_batch gives `packs`: rows padded to the longest, rounded up to 8;
+// each sample a segment, and each row's padding a segment of its own.
+vlm::memory::BatchShape shape_of(const Pack* packs, size_t count, std::vector<int64_t>& segments) {
+  int64_t longest = 1, crops = 0, supervised = 0;
+  for (size_t i = 0; i < count; ++i) longest = std::max(longest, packs[i].tokens);
+  const int64_t T = (longest + 7) / 8 * 8;
+  segments.clear();
+  for (size_t i = 0; i < count; ++i) {
+    for (const auto& item : packs[i].items) segments.push_back(item.tokens);
+    if (packs[i].tokens < T) segments.push_back(T - packs[i].tokens);
+    crops += packs[i].crops;
+    supervised += packs[i].supervised;
+  }
+  return vlm::memory::BatchShape::from_segments(static_cast<int64_t>(count), T, segments, crops,
+                                                supervised);
+}
+
+int64_t percentile(std::vector<int64_t> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path = "../shared/bench/stream-public-seed1234.jsonl", preset = "nanovlm-460m";
+  std::string precision = "bf16";
+  size_t batch_size = 2;
+  int repeat = 20;
+  vlm::ModelLevers levers;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--preset")
+      preset = value();
+    else if (arg == "--batch-size")
+      batch_size = std::stoul(value());
+    else if (arg == "--precision")
+      precision = value();
+    else if (arg == "--repeat")
+      repeat = std::stoi(value());
+    else if (arg == "--checkpoint")
+      levers.checkpoint_vision = levers.checkpoint_language = true;
+    else
+      path = arg;
+  }
+  std::vector<vlm::data::PackItem> stream;
+  try {
+    stream = vlm::data::read_length_stream(path);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 3;
+  }
+  vlm::data::SampleFilter filter(vlm::data::SampleLimits{});  // nanoVLM's limits
+  vlm::data::Packer packer(vlm::data::PackerOptions{});
+  std::vector<Pack> packs;
+  for (const auto& item : stream) {
+    if (!filter.keep(item)) continue;
+    packer.push(item);
+    while (auto pack = packer.pop()) packs.push_back(std::move(*pack));
+  }
+  packer.finish();
+  while (auto pack = packer.pop()) packs.push_back(std::move(*pack));
+
+  const auto spec = vlm::memory::memory_spec(vlm::spec::preset(preset), levers,
+                                             vlm::memory::compute_precision(precision));
+  const size_t micro_batches = packs.size() / batch_size;
+  std::vector<int64_t> predicted(micro_batches);
+  std::vector<int64_t> segments;
+  double best_s = 1e30;
+  int64_t checksum = 0;
+  for (int r = 0; r < repeat; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t m = 0; m < micro_batches; ++m) {
+      const auto shape = shape_of(&packs[m * batch_size], batch_size, segments);
+      predicted[m] = vlm::memory::saved_activations(spec, shape).total();
+    }
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best_s = std::min(best_s, s);
+    checksum += predicted.back();
+  }
+  const int64_t statics = vlm::memory::static_memory(spec).total_bytes();
+  std::printf("stream %s: %zu samples -> %zu packs -> %zu micro-batches of %zu packs\n",
+              path.c_str(), stream.size(), packs.size(), micro_batches, batch_size);
+  std::printf("model %s, %s, %s; model states %.2f GiB\n", preset.c_str(), precision.c_str(),
+              levers.checkpoint_vision ? "checkpointing both towers" : "no levers", gib(statics));
+  std::printf("predictions/s (shape + saved activations, 1 core, best of %d): %.0f\n", repeat,
+              static_cast<double>(micro_batches) / best_s);
+  std::printf("saved activations per micro-batch: p50 %.2f GiB, p99 %.2f GiB, max %.2f GiB\n",
+              gib(percentile(predicted, 0.5)), gib(percentile(predicted, 0.99)),
+              gib(percentile(predicted, 1.0)));
+  return checksum == 0 ? 1 : 0;
+}

@@ -83,19 +83,29 @@ void reject_deep_nesting(const std::string& text, const std::string& name) {
   }
 }
 
-void walk_with_budget(const YAML::Node& node, int64_t& budget, const Source& source) {
+// Walks the whole document, with a budget of nodes and of depth, before anything reads it.
+// The depth limit also stops an alias that refers to its own anchor (`a: &x [*x]`): yaml-cpp
+// makes that a node that contains itself, and every walk of it recurses until the stack ends.
+void walk_with_budget(const YAML::Node& node, int64_t& budget, int depth, const Source& source) {
   if (--budget < 0) {
     throw ConfigError("document expands to more than " + std::to_string(kMaxNodes) +
                           " nodes (YAML alias/anchor bomb?)",
                       source.at(node));
   }
+  if (depth > kMaxFlowDepth) {
+    throw ConfigError("nesting deeper than " + std::to_string(kMaxFlowDepth) +
+                          " levels (an alias that refers to its own anchor?)",
+                      source.at(node));
+  }
   if (node.IsMap()) {
     for (auto it = node.begin(); it != node.end(); ++it) {
-      walk_with_budget(it->first, budget, source);
-      walk_with_budget(it->second, budget, source);
+      walk_with_budget(it->first, budget, depth + 1, source);
+      walk_with_budget(it->second, budget, depth + 1, source);
     }
   } else if (node.IsSequence()) {
-    for (auto it = node.begin(); it != node.end(); ++it) walk_with_budget(*it, budget, source);
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      walk_with_budget(*it, budget, depth + 1, source);
+    }
   }
 }
 
@@ -114,7 +124,7 @@ YAML::Node parse_yaml(const std::string& text, const Source& source) {
     throw ConfigError("invalid YAML: " + e.msg, where);
   }
   int64_t budget = kMaxNodes;
-  walk_with_budget(root, budget, source);
+  walk_with_budget(root, budget, 0, source);
   return root;
 }
 

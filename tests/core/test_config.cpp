@@ -115,6 +115,15 @@ TEST_CASE("a YAML alias bomb is rejected quickly instead of expanding") {
   CHECK(error_of(bomb).find("alias/anchor bomb") != std::string::npos);
 }
 
+TEST_CASE("a YAML alias that refers to its own anchor is an error, in a file and in --set") {
+  // yaml-cpp makes these nodes that contain themselves; every walk would recurse forever.
+  CHECK(error_of("model: &a\n  preset: tiny\n  x: *a\n").find("its own anchor") !=
+        std::string::npos);
+  CHECK(error_of("a: &a [*a]\n").find("its own anchor") != std::string::npos);
+  CHECK(error_of("train:\n  batch_size: 1\n", {"train.lr=&a {x: *a}"}).find("its own anchor") !=
+        std::string::npos);
+}
+
 TEST_CASE("overrides (--set) apply in order, parse YAML and validate like the file") {
   TempDir dir;
   const auto path = write_file(dir / "c.yaml", "train:\n  batch_size: 8\n");

@@ -142,3 +142,26 @@ TEST_CASE("added token errors") {
   json["added_tokens"][0]["single_word"] = true;
   CHECK_THAT(load_error(dir, json), Contains("single_word"));
 }
+
+TEST_CASE("a pre-tokenizer or decoder Sequence nested very deeply is refused, not a crash") {
+  TempDir dir;
+  // 100,000 levels: any recursive walk of it (ours or a JSON copy) would overflow the stack.
+  auto nested = [](const std::string& type, const std::string& key, const std::string& leaf) {
+    std::string open, close;
+    for (int i = 0; i < 100000; ++i) {
+      open += "{\"type\": \"" + type + "\", \"" + key + "\": [";
+      close += "]}";
+    }
+    return open + leaf + close;
+  };
+  for (const auto& [field, text] :
+       {std::pair<std::string, std::string>{
+            "pre_tokenizer", nested("Sequence", "pretokenizers", "{\"type\": \"ByteLevel\"}")},
+        {"decoder", nested("Sequence", "decoders", "{\"type\": \"ByteLevel\"}")}}) {
+    nlohmann::json base = valid_json();
+    base[field] = "PLACEHOLDER";
+    std::string document = base.dump();
+    document.replace(document.find("\"PLACEHOLDER\""), 13, text);
+    CHECK_THAT(load_error(dir, document), Contains("nested deeper than 64 levels"));
+  }
+}

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "data/tokenizer/tokenizer.h"
 #include "data/tokenizer/tokenizer_bpe.h"
 #include "data/tokenizer/tokenizer_byte_level.h"
@@ -29,8 +30,13 @@ json read_json(const std::string& path) {
   if (!in) fail(path, "cannot open the file (check the tokenizer path in the config)");
   std::stringstream text;
   text << in.rdbuf();
+  const std::string content = text.str();
+  if (json_nesting_depth(content) > kMaxJsonDepth) {
+    fail(path, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                   " levels; a tokenizer.json nests a few (a damaged or crafted file?)");
+  }
   try {
-    return json::parse(text.str());
+    return json::parse(content);
   } catch (const json::parse_error& error) {
     fail(path, std::string("not valid JSON: ") + error.what());
   }

@@ -202,3 +202,35 @@ TEST_CASE("a missing or corrupt image skips its sample with a reason; the run go
   CHECK(reasons.at("bad_image") == 1);
   CHECK(reasons.at("malformed_json") == 1);
 }
+
+TEST_CASE("limits that no sample can meet stop with the binding limit, not an endless loop") {
+  // Every demo sample is longer than 16 tokens: a whole pass is dropped, then an error.
+  DemoFixture fixture(40, {"packing.max_seq_len=16", "data.max_sample_length=16"});
+  DataSetup setup(fixture.config, 1);
+  auto pipeline = setup.training_pipeline();
+  try {
+    pipeline->next_step();
+    FAIL("no error");
+  } catch (const vlm::DataError& e) {
+    const std::string message = e.what();
+    CHECK(message.find("no sample fits the limits") != std::string::npos);
+    CHECK(message.find("(40 samples)") != std::string::npos);
+    CHECK(message.find("packing.max_seq_len 16") != std::string::npos);
+    CHECK(message.find("the smallest has") != std::string::npos);
+  }
+}
+
+TEST_CASE("a training set whose every sample is skipped stops, even when skips are tolerated") {
+  TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 30; ++i) lines += "{\"images\": [\"missing.png\"], \"texts\": 7}\n";
+  write_file(dir / "broken.jsonl", lines);
+  const vlm::Config config =
+      vlm::load_config("", {"data.train=[{path: " + (dir / "broken.jsonl").string() + "}]",
+                            "data.max_skipped_fraction=1"})
+          .config;
+  DataSetup setup(config, 1);
+  auto pipeline = setup.training_pipeline();
+  CHECK_THROWS_WITH(pipeline->next_step(),
+                    Catch::Matchers::Contains("none of the 30 samples of the training data"));
+}

@@ -1,5 +1,7 @@
 #include "data/packing/planning_pipeline.h"
 
+#include "core/error.h"
+
 namespace vlm::data {
 
 PlanningPipeline::PlanningPipeline(std::unique_ptr<ItemSource> source, PlanningOptions options)
@@ -20,11 +22,29 @@ std::optional<Pack> PlanningPipeline::next_pack() {
       continue;
     }
     if (filter_.keep(*item)) {
+      dropped_in_a_row_ = 0;
       packer_.push(*item);
-    } else {
-      source_->release(item->sample_id);
+      continue;
     }
+    source_->release(item->sample_id);
+    if (!smallest_dropped_ || item->tokens < smallest_dropped_->tokens) smallest_dropped_ = item;
+    const uint64_t pass = source_->pass_size();
+    if (pass > 0 && ++dropped_in_a_row_ >= pass) no_sample_fits();
   }
+}
+
+void PlanningPipeline::no_sample_fits() const {
+  const SampleLimits& l = options_.limits;
+  const PackItem& s = *smallest_dropped_;
+  throw DataError(
+      "no sample fits the limits: a whole pass over the data (" +
+      std::to_string(dropped_in_a_row_) + " samples) was dropped " +
+      filter_.drops().to_json().dump() + "; the smallest has " + std::to_string(s.tokens) +
+      " tokens, " + std::to_string(s.images) + " images and " + std::to_string(s.crops) +
+      " crops, against data.max_sample_length " + std::to_string(l.max_sample_length) +
+      ", packing.max_seq_len " + std::to_string(l.max_seq_len) + ", data.max_images_per_example " +
+      std::to_string(l.max_images_per_example) + ", packing.max_images_per_knapsack " +
+      std::to_string(l.max_images_per_knapsack) + " (0 = no limit); raise the one that binds");
 }
 
 std::optional<PlannedStep> PlanningPipeline::next_step() {

@@ -64,8 +64,14 @@ class PlanningPipeline {
   SampleFilter filter_;
   Packer packer_;
   StepPlanner planner_;
+  [[noreturn]] void no_sample_fits() const;
+
   int64_t next_step_ = 0;
   bool source_done_ = false;
+  // Progress proof: samples dropped by the limits since the last kept one, and the smallest
+  // of them (by tokens), for the error when a whole pass of an endless source is dropped.
+  uint64_t dropped_in_a_row_ = 0;
+  std::optional<PackItem> smallest_dropped_;
 };
 
 }  // namespace vlm::data

@@ -1,5 +1,7 @@
 #include "data/source/item_source.h"
 
+#include "core/error.h"
+
 namespace vlm::data {
 namespace {
 
@@ -58,13 +60,25 @@ std::optional<BuiltSample> DatasetSource::build(const SampleRef& ref) {
 }
 
 std::optional<PackItem> DatasetSource::next() {
-  // Skipped samples are replaced by the next draw, so a finite pass still ends.
+  // Skipped samples are replaced by the next draw, so a finite pass still ends; an endless
+  // source that skips a whole pass in a row would skip forever.
+  const uint64_t pass = total_samples();
+  uint64_t skipped_in_a_row = 0;
   while (limit_ == 0 || draws_ < limit_) {
     ++draws_;
     const SampleRef ref = stream_.next();
     skips_->count_seen();
     std::optional<BuiltSample> sample = build(ref);
-    if (!sample) continue;
+    if (!sample) {
+      if (limit_ == 0 && ++skipped_in_a_row >= pass) {
+        throw DataError("none of the " + std::to_string(pass) +
+                        " samples of the training data could be used: a whole pass skipped "
+                        "every one (" +
+                        skips_->to_json().dump() +
+                        "); the first skipped samples are logged above with file:line");
+      }
+      continue;
+    }
     const uint64_t id = next_id_++;
     const PackItem item = sample->item(id);
     built_.emplace(id, std::make_shared<const BuiltSample>(std::move(*sample)));

@@ -114,7 +114,14 @@ YAML::Node parse_yaml(const std::string& text, const Source& source) {
   reject_deep_nesting(text, source.name);
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    if (documents.size() > 1) {
+      // yaml-cpp's Load would keep the first and drop the rest without a word.
+      throw ConfigError("the text holds " + std::to_string(documents.size()) +
+                            " YAML documents (separated by '---'); a config is one document",
+                        source.at(documents[1]));
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::Exception& e) {
     SourceLocation where{source.name};
     if (source.has_lines && e.mark.line >= 0) {

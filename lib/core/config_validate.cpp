@@ -1,6 +1,7 @@
 // Cross-field checks of a loaded config: what a single field's range cannot express.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "core/config_io.h"
 #include "core/gpu_catalog.h"
@@ -62,6 +63,13 @@ void check_images_and_packing(const Config& c, Checker& check) {
   check.require(
       c.data.image_std.size() == 3, "data.image_std",
       "data.image_std needs 3 values (R, G, B), got " + std::to_string(c.data.image_std.size()));
+  // Normalisation divides by the std: near zero it blows pixel values up without bound.
+  for (const double std : c.data.image_std) {
+    check.require(std::isfinite(std) && std >= 1e-3, "data.image_std",
+                  "data.image_std values must be at least 0.001 (pixels are divided by them), "
+                  "got " +
+                      format_real(std));
+  }
   check.require(c.model.dims.language.max_position >= c.packing.max_seq_len, "packing.max_seq_len",
                 "packing.max_seq_len = " + std::to_string(c.packing.max_seq_len) +
                     " exceeds model.language.max_position = " +

@@ -124,6 +124,20 @@ TEST_CASE("a YAML alias that refers to its own anchor is an error, in a file and
         std::string::npos);
 }
 
+TEST_CASE("a file of two YAML documents is an error at the second, not half read") {
+  CHECK(error_of("train:\n  batch_size: 2\n---\ntrain:\n  batch_size: 99\n") ==
+        "FILE:4:1: the text holds 2 YAML documents (separated by '---'); a config is one "
+        "document");
+  CHECK(error_of("---\ntrain:\n  batch_size: 2\n") == "no error");  // one document, marked
+}
+
+TEST_CASE("image normalisation must divide by a real std") {
+  CHECK(error_of("data:\n  image_std: [1.0e-30, 0.5, 0.5]\n")
+            .find("data.image_std values must be at least 0.001") != std::string::npos);
+  CHECK(error_of("data:\n  image_std: [0.5, .nan, 0.5]\n").find("data.image_std") !=
+        std::string::npos);
+}
+
 TEST_CASE("overrides (--set) apply in order, parse YAML and validate like the file") {
   TempDir dir;
   const auto path = write_file(dir / "c.yaml", "train:\n  batch_size: 8\n");

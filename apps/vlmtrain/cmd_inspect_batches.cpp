@@ -97,10 +97,10 @@ Command add_inspect_batches_command(CLI::App& root, const GlobalOptions& global)
   CLI::App* cmd = root.add_subcommand(
       "inspect-batches",
       "Run the data pipeline without a model and report what the batches contain");
-  cmd->add_option("--steps", args->steps, "Optimizer steps to plan (datasets)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--ranks", args->ranks, "Ranks to plan for (as in a multi-GPU run)")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", args->steps, "Optimizer steps to plan (datasets), 1 to 10^7")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  cmd->add_option("--ranks", args->ranks, "Ranks to plan for (as in a multi-GPU run), 1 to 65536")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd->add_option("--lengths", args->lengths,
                   "Pack a benchmark length stream (JSONL of {tokens, images, crops, "
                   "supervised}) instead of the configured datasets; the whole stream is used");

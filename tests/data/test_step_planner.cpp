@@ -161,3 +161,15 @@ TEST_CASE("step planner: deferred packs go first next step") {
   REQUIRE(second.plan.micro_batches[0][0].packs.front() == first.deferred.front());
   REQUIRE(second.plan.supervised_tokens == 5);
 }
+
+TEST_CASE("step planner: absurd sizes are refused at once, without overflow") {
+  StepPlannerOptions options;
+  options.ranks = 1'000'000'000;
+  CHECK_THROWS_WITH(StepPlanner(options), Catch::Matchers::Contains("packs per step is more than"));
+  options.ranks = options.micro_steps = options.batch_size = int64_t{1} << 31;  // 2^93 packs
+  CHECK_THROWS_WITH(StepPlanner(options), Catch::Matchers::Contains("packs per step is more than"));
+  options.ranks = 8;
+  options.micro_steps = 16;
+  options.batch_size = 4;
+  CHECK_NOTHROW(StepPlanner(options));
+}

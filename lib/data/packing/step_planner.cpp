@@ -33,6 +33,13 @@ void StepPlannerOptions::validate() const {
   require(ranks >= 1, "ranks (world size) must be >= 1");
   require(micro_steps >= 1, "gradient_accumulation_steps must be >= 1");
   require(batch_size >= 1, "batch_size must be >= 1");
+  // Every rank plans every rank's micro-batches: past a few million packs per step a plan is
+  // not a plan but a hang (and the product can overflow).
+  constexpr int64_t kMaxPacksPerStep = int64_t{1} << 24;
+  require(ranks <= kMaxPacksPerStep / micro_steps / batch_size,
+          "ranks x gradient_accumulation_steps x batch_size = " + std::to_string(ranks) + " x " +
+              std::to_string(micro_steps) + " x " + std::to_string(batch_size) +
+              " packs per step is more than " + std::to_string(kMaxPacksPerStep));
   require(max_crops_per_micro_batch >= 0, "max_crops_per_micro_batch must be >= 0 (0 = none)");
   require(max_micro_batch_bytes >= 0, "the micro-batch byte cap must be >= 0 (0 = none)");
   require(max_micro_batch_bytes == 0 || static_cast<bool>(predict_bytes),

@@ -56,6 +56,35 @@ TEST_CASE("malformed lines come back as problems with a stable reason") {
   CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})") == "ok");
 }
 
+TEST_CASE("oversized and hostile lines are skipped with a reason, quickly") {
+  const vlm::SourceLocation at{"m.jsonl", 3};
+  auto reason = [&](const std::string& line) {
+    const auto parsed = parse_manifest_line(line, ManifestFormat::kAuto, "", at);
+    return std::holds_alternative<SampleProblem>(parsed) ? std::get<SampleProblem>(parsed).reason
+                                                         : std::string("ok");
+  };
+  std::string images = "[";
+  for (int i = 0; i < 100000; ++i) images += std::string(i ? "," : "") + "\"a.png\"";
+  CHECK(reason("{\"images\": " + images +
+               "], \"texts\": [{\"user\": \"q\", "
+               "\"assistant\": \"a\"}]}") == "too_many_image_paths");
+  CHECK(reason(std::string(100000, '[') + std::string(100000, ']')) == "malformed_json");
+
+  TempDir dir;
+  const std::string good = "{\"texts\": [{\"user\": \"q\", \"assistant\": \"a\"}]}\n";
+  const auto path = write_file(
+      dir / "long.jsonl", good + "{\"texts\": \"" + std::string(10 << 20, 'x') + "\"}\n" + good);
+  Manifest manifest(path, ManifestFormat::kAuto);
+  REQUIRE(manifest.size() == 3);
+  CHECK(std::holds_alternative<RawSample>(manifest.read(0)));
+  CHECK(std::get<SampleProblem>(manifest.read(1)).reason == "line_too_long");
+}
+
+TEST_CASE("an endless stream without newlines is no manifest: a data error, not a hang") {
+  CHECK_THROWS_WITH(Manifest("/dev/zero", ManifestFormat::kAuto),
+                    Catch::Matchers::Contains("without a newline: not a JSONL manifest"));
+}
+
 TEST_CASE("missing and empty manifests are data errors naming the file") {
   TempDir dir;
   CHECK_THROWS_AS(Manifest((dir / "none.jsonl").string(), ManifestFormat::kAuto), vlm::DataError);

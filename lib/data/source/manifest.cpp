@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/json_depth.h"
+
 namespace vlm::data {
 namespace {
 
@@ -96,6 +98,10 @@ ManifestFormat parse_manifest_format(const std::string& name) {
 
 ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
                                const std::string& manifest_dir, const SourceLocation& where) {
+  if (json_nesting_depth(line) > kMaxJsonDepth) {
+    return problem("malformed_json",
+                   "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   json j = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return problem("malformed_json", "not a valid JSON object");
   if (!j.is_object()) return problem("malformed_json", "a line must be a JSON object");
@@ -114,6 +120,11 @@ ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
   ParsedLine parsed = format == ManifestFormat::kCauldron ? parse_cauldron(j, manifest_dir, sample)
                                                           : parse_llava(j, manifest_dir, sample);
   if (auto* s = std::get_if<RawSample>(&parsed)) {
+    if (s->images.size() > kMaxImagesPerSample) {
+      return problem("too_many_image_paths", std::to_string(s->images.size()) +
+                                                 " images listed; a sample may list at most " +
+                                                 std::to_string(kMaxImagesPerSample));
+    }
     if (s->turns.front().role != ChatRole::kUser) {
       return problem("bad_schema", "the conversation must start with a user turn");
     }
@@ -166,6 +177,12 @@ Manifest::Manifest(const std::string& path, ManifestFormat format) : path_(path)
       }
     }
     offset += static_cast<uint64_t>(n);
+    if (offset - line_start > kMaxIndexedLineBytes) {
+      throw DataError("line " + std::to_string(line) + " runs past " +
+                          std::to_string(kMaxIndexedLineBytes >> 20) +
+                          " MiB without a newline: not a JSONL manifest",
+                      SourceLocation{path, line});
+    }
   }
   end_line(offset);
   if (offsets_.empty()) throw DataError("manifest has no samples", SourceLocation{path});
@@ -177,9 +194,9 @@ Manifest::~Manifest() {
 
 ParsedLine Manifest::read(size_t index) const {
   const SourceLocation where{path_, line_numbers_.at(index)};
-  constexpr uint32_t kMaxLineBytes = 64u << 20;
-  if (lengths_[index] > kMaxLineBytes) {
-    return problem("line_too_long", "line is longer than 64 MiB");
+  if (lengths_[index] > kMaxSampleLineBytes) {
+    return problem("line_too_long",
+                   "line is longer than " + std::to_string(kMaxSampleLineBytes >> 20) + " MiB");
   }
   std::string line(lengths_[index], '\0');
   size_t done = 0;

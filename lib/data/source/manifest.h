@@ -36,6 +36,16 @@ struct SampleProblem {
 using ParsedLine = std::variant<RawSample, SampleProblem>;
 
 enum class ManifestFormat { kAuto, kCauldron, kLlava };
+
+// Limits of a manifest line (docs: the skip reasons in docs/inspect-batches.md):
+//  * a sample line longer than kMaxSampleLineBytes is skipped ("line_too_long");
+//  * a line longer than kMaxIndexedLineBytes stops the indexing with a DataError: the file is
+//    no JSONL manifest (an endless stream such as /dev/zero would otherwise be read forever);
+//  * a sample listing more than kMaxImagesPerSample images is skipped ("too_many_image_paths")
+//    before any image header is probed.
+inline constexpr uint64_t kMaxSampleLineBytes = 4u << 20;
+inline constexpr uint64_t kMaxIndexedLineBytes = 64u << 20;
+inline constexpr size_t kMaxImagesPerSample = 1024;
 ManifestFormat parse_manifest_format(const std::string& name);  // "auto", "cauldron", "llava"
 
 // Parses one JSONL line. Never throws for bad content: problems come back as SampleProblem.

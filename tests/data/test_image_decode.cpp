@@ -1,6 +1,8 @@
 #include <png.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -246,4 +248,20 @@ TEST_CASE("corrupt image data never crashes the decoders") {
 TEST_CASE("encoders refuse empty images and bad quality") {
   CHECK_THROWS(encode_png(RgbImage()));
   CHECK_THROWS(encode_jpeg(solid_image(4, 4, kRed), 0));
+}
+
+TEST_CASE("a PNG chunk claiming gigabytes is an error at once") {
+  const auto png = encode_png(pattern_image(16, 16));
+  // After the signature (8) and IHDR (8 + 13 + 4): a tEXt chunk whose length says 2 GiB - 16.
+  std::vector<uint8_t> bad(png.begin(), png.begin() + 33);
+  for (const int byte : {0x7f, 0xff, 0xff, 0xf0, int{'t'}, int{'E'}, int{'X'}, int{'t'}}) {
+    bad.push_back(static_cast<uint8_t>(byte));
+  }
+  bad.insert(bad.end(), png.begin() + 33, png.end());
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(decode_image_bytes(bad, "chunk.png"), vlm::DataError);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(decode_stb(bad.data(), bad.size(), "chunk.png"), vlm::DataError);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
 }

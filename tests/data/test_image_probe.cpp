@@ -120,6 +120,10 @@ TEST_CASE("probe names the file and the reason for bad input") {
   auto huge = png;  // 65535 x 65535 PNG: a decompression bomb
   huge[18] = huge[19] = huge[22] = huge[23] = 0xff;
   CHECK_THAT(probe_error(huge), Catch::Contains("pixel limit"));
+  auto bomb = png;  // 13,000 x 13,000 (169 MP): refused from the header alone
+  bomb[18] = bomb[22] = 13000 >> 8;
+  bomb[19] = bomb[23] = 13000 & 0xff;
+  CHECK_THAT(probe_error(bomb), Catch::Contains("pixel limit"));
 
   auto twelve_bit = jpeg;  // precision byte of SOF0
   for (size_t i = 2; i + 4 < twelve_bit.size(); ++i) {

@@ -33,6 +33,23 @@ void on_error(png_structp png, png_const_charp message) {
 
 void on_warning(png_structp, png_const_charp) {}
 
+// Walks the chunk list of a PNG held in memory: a chunk whose length runs past the end of the
+// data is a corrupt or truncated file. libpng would first allocate and zero a buffer of the
+// claimed length (up to 2 GiB, seconds of work for a 100-byte file), then fail to read it.
+// Returns the problem, or nullptr.
+const char* chunk_problem(const uint8_t* data, size_t size) {
+  constexpr size_t kSignatureBytes = 8, kChunkOverheadBytes = 12;  // length, type, CRC
+  size_t pos = kSignatureBytes;
+  while (pos + kChunkOverheadBytes <= size) {
+    const size_t length = (size_t{data[pos]} << 24) | (size_t{data[pos + 1]} << 16) |
+                          (size_t{data[pos + 2]} << 8) | size_t{data[pos + 3]};
+    if (length > size - pos - kChunkOverheadBytes) return "a chunk runs past the end of the file";
+    if (std::memcmp(data + pos + 4, "IEND", 4) == 0) return nullptr;
+    pos += kChunkOverheadBytes + length;
+  }
+  return "the file ends before its IEND chunk";
+}
+
 // Sets up transforms so every row comes out as 8-bit RGB, sizes `out` and reads the rows;
 // returns false on a libpng error. No automatic C++ object lives across setjmp here (`out` is
 // the caller's), so longjmp skips no destructor.
@@ -70,6 +87,11 @@ bool read_png(png_structp png, png_infop info, MemoryReader* reader, RgbImage* o
 }  // namespace
 
 RgbImage decode_png_libpng(const uint8_t* data, size_t size, const std::string& name) {
+  if (const char* problem = chunk_problem(data, size)) {
+    throw DataError(std::string("cannot decode PNG: ") + problem +
+                        " (the file is corrupt or truncated; re-encode or remove it)",
+                    SourceLocation{name});
+  }
   char message[256] = "corrupt PNG";
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, message, on_error, on_warning);
   png_infop info = png ? png_create_info_struct(png) : nullptr;

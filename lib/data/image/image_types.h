@@ -47,10 +47,11 @@ struct RgbImage {
   const uint8_t* at(int64_t x, int64_t y) const { return row(y) + x * 3; }
 };
 
-// Largest decodable image, in pixels: PIL's decompression-bomb error threshold
-// (2 * Image.MAX_IMAGE_PIXELS = 2 * 89,478,485). A header beyond it is refused before any
-// memory is allocated for its pixels.
-inline constexpr int64_t kMaxImagePixels = 2 * 89'478'485;
+// Largest decodable image, in pixels: PIL's Image.MAX_IMAGE_PIXELS (89,478,485, where PIL
+// warns of a decompression bomb). A header beyond it is refused before any memory is allocated
+// for its pixels: decoding and resizing a 13,000 x 13,000 image to crops would take minutes on
+// a loader thread, and training resizes every image to at most data.max_img_size anyway.
+inline constexpr int64_t kMaxImagePixels = 89'478'485;
 
 // Reads a whole file into memory; DataError when it cannot be read.
 std::vector<uint8_t> read_image_file(const std::string& path);

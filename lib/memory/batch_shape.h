@@ -19,6 +19,10 @@ struct BatchShape {
   int64_t segments = 0;            // attention segments, padding segments included
   int64_t sum_segment_len_sq = 0;  // sum over segments of len^2
   int64_t max_segment_len = 0;
+  // Every segment's length in cu_seqlens order (row by row), when known: the transient peak of
+  // the per-segment attention depends on the order (memory/step_peaks.h). Empty when the shape
+  // was built from the aggregates alone.
+  std::vector<int64_t> segment_lengths;
 
   int64_t tokens() const { return rows * row_tokens; }  // N = B * T, padding included
 

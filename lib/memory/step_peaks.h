@@ -1,0 +1,55 @@
+// The transient peaks of one training step (forward, backward, optimizer), in bytes above what
+// is live right before the step's forward, for the language side: the decoder, the loss and
+// AdamW (fp32 compute).
+//
+// Each phase is replayed allocation by allocation in the order LibTorch 1.13 runs it (the
+// statements of lib/model, autograd's backward nodes in sequence_nr order, AdamW's per-
+// parameter loop), keeping the bytes live at every moment and their maximum; the peaks are
+// held to the tracking allocator by tests/memory_accuracy/test_step_peaks.cpp. docs/memory.md
+// derives the terms.
+//
+// Symbols as in memory/saved_activations.h: N = B * T token positions, D width, Dkv = Hkv *
+// hd, F MLP width, Hq query heads, V vocabulary rows, Ns supervised tokens, L a segment length.
+//
+// What is modelled (else `modelled` is false and `why_not` says what is missing; the numbers
+// are then 0, never an estimate):
+//   - fp32 compute, a trainable language model, no language checkpointing, no loss chunking
+//     (or Ns <= loss_chunk_tokens, where token_loss.cpp:34 takes the unchunked path);
+//   - a tied head (the presets'): its gradient waits in the embedding's AccumulateGrad buffer
+//     for the whole backward; an untied head's node order was not measured;
+//   - no crops in the batch (the ViT and the projector do not run; their parameters get no
+//     gradient, so AdamW skips them);
+//   - at least one supervised token, and the segment lengths in cu_seqlens order
+//     (BatchShape::segment_lengths, filled by BatchShape::from_segments).
+// The backward is replayed with the forward's outputs still held (the trainer's
+// `objective.backward()`); the optimizer phase is GroupedAdamW::step alone, without the
+// trainer's clip_grad_norm. Thread-count independent (LayerNorm's per-thread buffers do not
+// occur in the decoder).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "memory/batch_shape.h"
+#include "memory/memory_spec.h"
+
+namespace vlm::memory {
+
+struct PhasePeaks {
+  bool modelled = false;
+  std::string why_not;  // the first unmodelled feature, when !modelled
+
+  // Highest live bytes, above the live bytes before the forward, during:
+  int64_t forward = 0;    // model->forward(batch) (the loss included)
+  int64_t backward = 0;   // loss_sum.backward(), the forward's outputs still held
+  int64_t optimizer = 0;  // GroupedAdamW::step() after that backward (outputs released)
+};
+
+// `first_step`: the first step of the process (no preflight backward before it). Gradients
+// are then allocated during its backward (AccumulateGrad steals each first gradient) and
+// AdamW's moments during its step; from the second step on both are static (live before the
+// forward: LibTorch 1.13's zero_grad zeroes them in place) and every incoming gradient is a
+// transient added in place.
+PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step);
+
+}  // namespace vlm::memory

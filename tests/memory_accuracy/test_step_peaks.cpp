@@ -1,0 +1,194 @@
+// The transient peaks of a training step (memory/step_peaks.h) against the tracking allocator:
+// forward, backward and AdamW step, the first step of a process and the steady state, over
+// random small language models and packed text batches, to the byte.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+#include "memory/saved_activations.h"
+#include "memory/step_peaks.h"
+#include "memory_accuracy/memory_probe.h"
+#include "train/optimizer.h"
+
+using namespace vlm;
+
+namespace {
+
+struct Measured {
+  int64_t forward = 0, saved = 0, backward = 0, optimizer = 0;
+};
+
+train::GroupedAdamWOptions adamw_options() {
+  train::GroupedAdamWOptions options;
+  options.peak_lr = {{"vision", 1e-3}, {"projector", 1e-3}, {"language", 1e-3}};
+  return options;
+}
+
+// One step as the trainer runs it (forward, backward with the outputs still held, AdamW step,
+// zero_grad), each phase's peak above the live bytes before the forward.
+Measured run_step(model::VisionLanguageModel& model, train::GroupedAdamW& optimizer,
+                  const model::VlmBatch& batch) {
+  auto& tracker = runtime::install_cpu_tracking_allocator();
+  Measured m;
+  const int64_t base = tracker.live_bytes();
+  {
+    tracker.reset_peak();
+    model::VlmOutput out = model->forward(batch);
+    m.forward = tracker.peak_bytes() - base;
+    m.saved = tracker.live_bytes() - base;
+    tracker.reset_peak();
+    out.loss_sum.backward();
+    m.backward = tracker.peak_bytes() - base;
+  }
+  tracker.reset_peak();
+  optimizer.step();
+  m.optimizer = tracker.peak_bytes() - base;
+  optimizer.zero_grad();
+  return m;
+}
+
+// Relative errors of one phase: how many exact, the median and the largest |error|.
+struct Errors {
+  std::vector<double> relative;
+  int exact = 0;
+  void add(int64_t predicted, int64_t measured) {
+    relative.push_back(static_cast<double>(predicted - measured) / static_cast<double>(measured));
+    if (predicted == measured) ++exact;
+  }
+  void print(const char* phase) const {
+    std::vector<double> a;
+    for (const double r : relative) a.push_back(std::abs(r));
+    std::sort(a.begin(), a.end());
+    std::printf("step peaks, %-18s %3d/%zu exact, |error| median %.4f%%, max %.4f%%\n", phase,
+                exact, a.size(), a.empty() ? 0.0 : 100 * a[a.size() / 2],
+                a.empty() ? 0.0 : 100 * a.back());
+  }
+};
+
+std::string describe(const spec::ModelSpec& d, const memory::BatchShape& b) {
+  std::ostringstream o;
+  o << "lm D=" << d.language.hidden_size << " Hq=" << d.language.num_heads
+    << " Hkv=" << d.language.num_kv_heads << " F=" << d.language.mlp_size
+    << " L=" << d.language.num_layers << " V=" << spec::language_vocab_rows(d.language)
+    << " | batch B=" << b.rows << " T=" << b.row_tokens << " Ns=" << b.supervised_tokens
+    << " segments";
+  for (const int64_t len : b.segment_lengths) o << " " << len;
+  return o.str();
+}
+
+// Keeps only the first `keep` supervised labels, so the loss is small and the peaks move into
+// the decoder blocks.
+void keep_labels(test::ProbeBatch& batch, int64_t keep) {
+  auto labels = batch.tensors.labels.view({-1});
+  int64_t kept = 0;
+  for (int64_t i = 0; i < labels.size(0); ++i) {
+    if (labels[i].item<int64_t>() == -100) continue;
+    if (kept < keep) {
+      ++kept;
+    } else {
+      labels[i] = -100;
+    }
+  }
+  batch.shape.supervised_tokens = kept;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("memory model: step peaks of fp32 text steps, first and steady, to the byte") {
+  std::mt19937_64 rng(41);
+  Errors forward_first, forward_steady, backward_first, backward_steady, optimizer_first,
+      optimizer_steady;
+  int configs = 0;
+  while (configs < 80) {
+    const spec::ModelSpec dims = test::random_dims(rng);
+    // Random levers, but a trained decoder without checkpointing, and loss chunks (if any)
+    // larger than the batch's supervised tokens (token_loss.cpp:34 then takes the unchunked
+    // path). The vision levers do not matter without crops.
+    ModelLevers levers = test::random_levers(rng);
+    levers.freeze_language = false;
+    levers.checkpoint_language = false;
+    if (levers.loss_chunk_tokens > 0) levers.loss_chunk_tokens = 4096;
+    const auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
+    torch::manual_seed(configs);
+    model::VisionLanguageModel model(dims, levers);
+    train::GroupedAdamW optimizer(train::named_parameters_of(*model), adamw_options());
+    const int64_t rows = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+    test::ProbeBatch batch = test::random_batch(dims, rng, rows, /*max_crops=*/0);
+    if (batch.shape.supervised_tokens == 0) continue;  // not modelled (checked below)
+    // Every other batch with 1 or 2 supervised tokens: a small loss, the peaks in the blocks.
+    if (configs % 2 == 1) keep_labels(batch, 1 + configs % 4 / 2);
+    ++configs;
+    torch::set_num_threads(configs % 2 + 1);  // the bytes do not depend on the thread count
+    const int64_t saved = memory::saved_activations(spec, batch.shape).total();
+    CATCH_INFO(describe(dims, batch.shape)
+               << " | freeze v/p " << levers.freeze_vision << levers.freeze_projector
+               << " loss chunk " << levers.loss_chunk_tokens);
+    for (const bool first : {true, false}) {
+      CATCH_INFO((first ? "first step" : "second step"));
+      const Measured m = run_step(model, optimizer, batch.tensors);
+      const memory::PhasePeaks p = memory::step_peaks(spec, batch.shape, first);
+      CATCH_REQUIRE(p.modelled);
+      CATCH_CHECK(m.saved == saved);
+      CATCH_CHECK(p.forward == m.forward);
+      CATCH_CHECK(p.backward == m.backward);
+      CATCH_CHECK(p.optimizer == m.optimizer);
+      (first ? forward_first : forward_steady).add(p.forward, m.forward);
+      (first ? backward_first : backward_steady).add(p.backward, m.backward);
+      (first ? optimizer_first : optimizer_steady).add(p.optimizer, m.optimizer);
+    }
+  }
+  torch::set_num_threads(1);
+  forward_first.print("forward (first)");
+  forward_steady.print("forward (steady)");
+  backward_first.print("backward (first)");
+  backward_steady.print("backward (steady)");
+  optimizer_first.print("optimizer (first)");
+  optimizer_steady.print("optimizer (steady)");
+}
+
+CATCH_TEST_CASE("memory model: step peaks say which configurations they do not model") {
+  std::mt19937_64 rng(43);
+  const spec::ModelSpec dims = test::random_dims(rng);
+  const test::ProbeBatch text = test::random_batch(dims, rng, 2, /*max_crops=*/0);
+  const auto fp32 = memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kFp32);
+  CATCH_REQUIRE(text.shape.supervised_tokens > 0);
+  CATCH_CHECK(memory::step_peaks(fp32, text.shape, true).modelled);
+
+  const auto unmodelled = [&](const memory::MemorySpec& spec, const memory::BatchShape& shape) {
+    const memory::PhasePeaks p = memory::step_peaks(spec, shape, true);
+    CATCH_INFO(p.why_not);
+    CATCH_CHECK_FALSE(p.modelled);
+    CATCH_CHECK_FALSE(p.why_not.empty());
+    CATCH_CHECK(p.forward == 0);
+    CATCH_CHECK(p.backward == 0);
+    CATCH_CHECK(p.optimizer == 0);
+  };
+  unmodelled(memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kBf16), text.shape);
+  ModelLevers levers;
+  levers.checkpoint_language = true;
+  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), text.shape);
+  levers = ModelLevers{};
+  levers.freeze_language = true;
+  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), text.shape);
+  levers = ModelLevers{};
+  levers.loss_chunk_tokens = 1;
+  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), text.shape);
+  spec::ModelSpec untied = dims;
+  untied.language.tie_embeddings = false;
+  unmodelled(memory::memory_spec(untied, ModelLevers{}, memory::ComputePrecision::kFp32),
+             text.shape);
+  const test::ProbeBatch images = test::random_batch(dims, rng, 2, /*max_crops=*/3);
+  CATCH_REQUIRE(images.shape.crops > 0);
+  unmodelled(fp32, images.shape);
+  memory::BatchShape aggregates_only = text.shape;
+  aggregates_only.segment_lengths.clear();
+  unmodelled(fp32, aggregates_only);
+  memory::BatchShape unsupervised = text.shape;
+  unsupervised.supervised_tokens = 0;
+  unmodelled(fp32, unsupervised);
+}

@@ -47,38 +47,20 @@ CATCH_TEST_CASE("memory model: parameters and buffers of random models, to the b
   }
 }
 
-CATCH_TEST_CASE("memory model: saved activations of fp32 forwards, to the byte") {
-  std::mt19937_64 rng(29);
-  for (int trial = 0; trial < 150; ++trial) {
-    torch::set_num_threads(trial % 2 + 1);  // the bytes do not depend on the thread count
-    const spec::ModelSpec dims = test::random_dims(rng);
-    ModelLevers levers = test::random_levers(rng);
-    const auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
-    torch::manual_seed(trial);
-    model::VisionLanguageModel model(dims, levers);
-    const int64_t rows = std::uniform_int_distribution<int64_t>(1, 3)(rng);
-    const int64_t max_crops = std::uniform_int_distribution<int64_t>(0, 4)(rng);
-    const test::ProbeBatch batch = test::random_batch(dims, rng, rows, max_crops);
-    const auto predicted = memory::saved_activations(spec, batch.shape);
-    CATCH_INFO(describe(dims, levers, batch.shape));
-    CATCH_INFO("predicted vision " << predicted.vision << " projector " << predicted.projector
-                                   << " embeddings " << predicted.embeddings << " rotary "
-                                   << predicted.rotary << " language " << predicted.language
-                                   << " loss " << predicted.loss);
-    const int64_t before = test::live_bytes();
-    const auto out = model->forward(batch.tensors);
-    CATCH_CHECK(test::live_bytes() - before == predicted.total());
-  }
-  torch::set_num_threads(1);
-}
+namespace {
 
-CATCH_TEST_CASE("memory model: saved activations of bf16 autocast forwards, to the byte") {
-  std::mt19937_64 rng(31);
+// 150 random models, batches and levers at 1 and 2 threads (the bytes do not depend on the
+// thread count): the live bytes after the forward, as the trainer runs it, against the model.
+// Under bf16 the forward runs in an autocast scope, which clears autocast's weight cache when
+// it ends.
+void check_saved_activations(memory::ComputePrecision precision, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const bool bf16 = precision == memory::ComputePrecision::kBf16;
   for (int trial = 0; trial < 150; ++trial) {
     torch::set_num_threads(trial % 2 + 1);
     const spec::ModelSpec dims = test::random_dims(rng);
     ModelLevers levers = test::random_levers(rng);
-    const auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kBf16);
+    const auto spec = memory::memory_spec(dims, levers, precision);
     torch::manual_seed(trial);
     model::VisionLanguageModel model(dims, levers);
     const int64_t rows = std::uniform_int_distribution<int64_t>(1, 3)(rng);
@@ -93,12 +75,21 @@ CATCH_TEST_CASE("memory model: saved activations of bf16 autocast forwards, to t
     const int64_t before = test::live_bytes();
     model::VlmOutput out;
     {
-      // As the trainer runs it: the forward in an autocast scope, which clears autocast's
-      // weight cache when it ends.
-      train::AutocastScope autocast(train::Precision::kBf16, torch::kCPU);
+      train::AutocastScope autocast(bf16 ? train::Precision::kBf16 : train::Precision::kFp32,
+                                    torch::kCPU);
       out = model->forward(batch.tensors);
     }
     CATCH_CHECK(test::live_bytes() - before == predicted.total());
   }
   torch::set_num_threads(1);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("memory model: saved activations of fp32 forwards, to the byte") {
+  check_saved_activations(memory::ComputePrecision::kFp32, 29);
+}
+
+CATCH_TEST_CASE("memory model: saved activations of bf16 autocast forwards, to the byte") {
+  check_saved_activations(memory::ComputePrecision::kBf16, 31);
 }

@@ -214,7 +214,7 @@ TEST_CASE("limits that no sample can meet stop with the binding limit, not an en
   } catch (const vlm::DataError& e) {
     const std::string message = e.what();
     CHECK(message.find("no sample fits the limits") != std::string::npos);
-    CHECK(message.find("(40 samples)") != std::string::npos);
+    CHECK(message.find(": 82 samples in a row") != std::string::npos);  // 2 x 40 + 2
     CHECK(message.find("packing.max_seq_len 16") != std::string::npos);
     CHECK(message.find("the smallest has") != std::string::npos);
   }
@@ -233,4 +233,25 @@ TEST_CASE("a training set whose every sample is skipped stops, even when skips a
   auto pipeline = setup.training_pipeline();
   CHECK_THROWS_WITH(pipeline->next_step(),
                     Catch::Matchers::Contains("none of the 30 samples of the training data"));
+}
+
+TEST_CASE("a heavily weighted dataset that never fits does not hide a light one that does") {
+  // 1000:1 weights put long streaks of unusable draws between the usable ones; the progress
+  // proof waits until every sample has come, so the light dataset's samples are still found.
+  DemoFixture fixture(40);
+  std::string too_long, broken;
+  for (int i = 0; i < 20; ++i) {
+    too_long += R"({"texts": [{"user": "q", "assistant": ")" + std::string(600, 'x') + "\"}]}\n";
+    broken += "{\"texts\": 7}\n";
+  }
+  const auto long_path = write_file(fixture.dir / "long.jsonl", too_long);
+  const auto broken_path = write_file(fixture.dir / "broken.jsonl", broken);
+  vlm::Config config = fixture.config;
+  config.data.max_skipped_fraction = 1;
+  config.data.train = {{(fixture.dir / "demo/train.jsonl").string(), 1.0},
+                       {long_path, 1000.0},
+                       {broken_path, 1000.0}};
+  DataSetup setup(config, 1);
+  auto pipeline = setup.training_pipeline();
+  for (int step = 0; step < 3; ++step) CHECK(pipeline->next_step().has_value());
 }

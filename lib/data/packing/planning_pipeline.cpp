@@ -37,8 +37,8 @@ void PlanningPipeline::no_sample_fits() const {
   const SampleLimits& l = options_.limits;
   const PackItem& s = *smallest_dropped_;
   throw DataError(
-      "no sample fits the limits: a whole pass over the data (" +
-      std::to_string(dropped_in_a_row_) + " samples) was dropped " +
+      "no sample fits the limits: " + std::to_string(dropped_in_a_row_) +
+      " samples in a row, every one of the data at least once, were dropped " +
       filter_.drops().to_json().dump() + "; the smallest has " + std::to_string(s.tokens) +
       " tokens, " + std::to_string(s.images) + " images and " + std::to_string(s.crops) +
       " crops, against data.max_sample_length " + std::to_string(l.max_sample_length) +

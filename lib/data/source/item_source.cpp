@@ -62,7 +62,7 @@ std::optional<BuiltSample> DatasetSource::build(const SampleRef& ref) {
 std::optional<PackItem> DatasetSource::next() {
   // Skipped samples are replaced by the next draw, so a finite pass still ends; an endless
   // source that skips a whole pass in a row would skip forever.
-  const uint64_t pass = total_samples();
+  const uint64_t pass = pass_size();
   uint64_t skipped_in_a_row = 0;
   while (limit_ == 0 || draws_ < limit_) {
     ++draws_;
@@ -71,9 +71,10 @@ std::optional<PackItem> DatasetSource::next() {
     std::optional<BuiltSample> sample = build(ref);
     if (!sample) {
       if (limit_ == 0 && ++skipped_in_a_row >= pass) {
-        throw DataError("none of the " + std::to_string(pass) +
-                        " samples of the training data could be used: a whole pass skipped "
-                        "every one (" +
+        throw DataError("none of the " + std::to_string(total_samples()) +
+                        " samples of the training data could be used: " + std::to_string(pass) +
+                        " draws in a row, every sample at least once, "
+                        "were all skipped (" +
                         skips_->to_json().dump() +
                         "); the first skipped samples are logged above with file:line");
       }

@@ -33,9 +33,9 @@ class ItemSource {
   // samples must be rebuilt on restore.
   virtual nlohmann::json state(const std::vector<uint64_t>& in_flight) const = 0;
   virtual void restore(const nlohmann::json& state) = 0;
-  // Samples in one pass over an endless source (after which it repeats itself); 0 for a finite
-  // source, which ends by itself. Lets a consumer prove progress: a whole pass without a
-  // usable sample means none will ever come.
+  // Draws of an endless source after which every one of its samples has come at least once;
+  // 0 for a finite source, which ends by itself. Lets a consumer prove progress: that many
+  // draws in a row without a usable sample means none will ever come.
   virtual uint64_t pass_size() const { return 0; }
 };
 
@@ -64,7 +64,9 @@ class DatasetSource : public ItemSource {
   void restore(const nlohmann::json& state) override;
 
   uint64_t total_samples() const;  // over all manifests (one pass)
-  uint64_t pass_size() const override { return limit_ == 0 ? total_samples() : 0; }
+  uint64_t pass_size() const override {
+    return limit_ == 0 ? stream_.draws_to_cover_every_sample() : 0;
+  }
 
  private:
   std::optional<BuiltSample> build(const SampleRef& ref);

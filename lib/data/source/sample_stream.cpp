@@ -1,5 +1,8 @@
 #include "data/source/sample_stream.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <numeric>
 
 #include "core/error.h"
@@ -79,6 +82,14 @@ void SampleStream::restore(const nlohmann::json& state) {
     start_epoch(d);
     ds.position = datasets[d].at("position").get<uint64_t>();
   }
+}
+
+uint64_t SampleStream::draws_to_cover_every_sample() const {
+  double draws = 0;
+  for (const Dataset& d : datasets_) {
+    draws = std::max(draws, (2.0 * static_cast<double>(d.size) + 2.0) * total_weight_ / d.weight);
+  }
+  return static_cast<uint64_t>(std::ceil(draws));
 }
 
 }  // namespace vlm::data

@@ -32,6 +32,12 @@ class SampleStream {
 
   SampleRef next();
 
+  // Draws after which every sample of every dataset has been drawn at least once, from any
+  // position of the stream: 2 x size draws of a dataset cover one whole epoch's permutation
+  // wherever they start, and smooth weighted round-robin gives a dataset its weight's share of
+  // any window within a draw or two. Bounds a consumer's wait for a usable sample.
+  uint64_t draws_to_cover_every_sample() const;
+
   nlohmann::json state() const;
   void restore(const nlohmann::json& state);  // throws DataError on a mismatching state
 

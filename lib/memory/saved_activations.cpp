@@ -124,7 +124,7 @@ int64_t frozen_language_block_bf16(const Dims& x, bool fp32_weights) {
 SavedActivations saved_activations_bf16(const MemorySpec& spec, const BatchShape& shape) {
   const Dims x = dims_of(spec, shape);
   const auto& v = spec.dims.vision;
-  const int64_t image = v.image_size, patch = v.patch_size;
+  const int64_t image = v.image_size;
   const bool vision_graph = x.n > 0 && spec.vision.trainable;
   const bool image_graph = x.n > 0 && (vision_graph || spec.projector.trainable);
   const bool language_graph = spec.language.trainable || image_graph;
@@ -137,8 +137,10 @@ SavedActivations saved_activations_bf16(const MemorySpec& spec, const BatchShape
 
   if (vision_graph) {
     const int64_t hidden = e * x.n * x.P * x.d;
-    // The convolution keeps the bf16 copy of the crops and of its (cached) weight.
-    s.vision = 2 * 3 * x.n * image * image + 2 * 3 * patch * patch * x.d;
+    // The patch embedding keeps the bf16 copy of the patches for its weight's gradient (the
+    // weight is reached through a view, cast anew and kept by nobody: patches need no
+    // gradient).
+    s.vision = 2 * 3 * x.n * image * image;
     if (spec.levers.checkpoint_vision) {
       s.vision += (x.Lv + 1) * hidden + chunks * x.Lv * kCpuRngStateBytes;
     } else {
@@ -210,15 +212,19 @@ SavedActivations saved_activations(const MemorySpec& spec, const BatchShape& sha
   if (vision_graph) {
     const int64_t hidden = e * x.n * x.P * x.d;
     const int64_t final_norm_stats = 8 * x.n * x.P;
+    // The patch embedding keeps the patches (a contiguous copy of the crops cut into patches)
+    // for its weight's gradient.
+    const int64_t S = spec.dims.vision.image_size;
+    s.vision = e * 3 * x.n * S * S;
     if (spec.levers.checkpoint_vision) {
       // Each block keeps its input and the RNG state; the last output is kept by the final LN.
       // With vision_chunk_crops every chunk runs the blocks on its own: one RNG state per
       // block and chunk.
       const int64_t chunk = spec.levers.vision_chunk_crops;
       const int64_t chunks = chunk > 0 ? (x.n + chunk - 1) / chunk : 1;
-      s.vision = (x.Lv + 1) * hidden + chunks * x.Lv * kCpuRngStateBytes + final_norm_stats;
+      s.vision += (x.Lv + 1) * hidden + chunks * x.Lv * kCpuRngStateBytes + final_norm_stats;
     } else {
-      s.vision = hidden + x.Lv * vision_block(x) + final_norm_stats;
+      s.vision += hidden + x.Lv * vision_block(x) + final_norm_stats;
     }
   }
   if (x.n > 0) {

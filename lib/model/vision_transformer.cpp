@@ -29,7 +29,8 @@ torch::nn::LayerNorm make_layer_norm(const spec::VisionSpec& spec) {
 
 }  // namespace
 
-ViTPatchEmbeddingsImpl::ViTPatchEmbeddingsImpl(const spec::VisionSpec& spec) {
+ViTPatchEmbeddingsImpl::ViTPatchEmbeddingsImpl(const spec::VisionSpec& spec)
+    : patch_size_(spec.patch_size) {
   conv = register_module(
       "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, spec.hidden_size, spec.patch_size)
                                     .stride(spec.patch_size)
@@ -43,9 +44,20 @@ ViTPatchEmbeddingsImpl::ViTPatchEmbeddingsImpl(const spec::VisionSpec& spec) {
 }
 
 torch::Tensor ViTPatchEmbeddingsImpl::forward(const torch::Tensor& crops) {
-  // [N, d, S/p, S/p] -> [N, d, P] -> [N, P, d]: patches in row-major order, as SigLIP.
-  const torch::Tensor patches = conv->forward(crops).flatten(2).transpose(1, 2);
-  return patches + position_embedding;
+  // A convolution whose stride is its kernel is a linear map of each patch: the crops are cut
+  // into patches [N, P, 3 p^2] (row-major over the grid, as SigLIP; each patch in the kernel's
+  // channel, row, column order) and multiplied by the kernel viewed as [d, 3 p^2]. The result
+  // is conv2d's, up to summation order; unlike conv2d (oneDNN on CPU reorders the kernel and
+  // the output into blocked layouts whose sizes depend on the CPU), it allocates the same
+  // bytes on every backend, and its output is contiguous, so the residual stream and every
+  // LayerNorm input are too (docs/memory.md).
+  const int64_t crops_n = crops.size(0), channels = crops.size(1), p = patch_size_;
+  const int64_t rows = crops.size(2) / p, cols = crops.size(3) / p;
+  const torch::Tensor patches = crops.reshape({crops_n, channels, rows, p, cols, p})
+                                    .permute({0, 2, 4, 1, 3, 5})
+                                    .reshape({crops_n, rows * cols, channels * p * p});
+  const torch::Tensor kernel = conv->weight.view({conv->weight.size(0), -1});
+  return torch::nn::functional::linear(patches, kernel, conv->bias) + position_embedding;
 }
 
 ViTMultiHeadAttentionImpl::ViTMultiHeadAttentionImpl(const spec::VisionSpec& spec)

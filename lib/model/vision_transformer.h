@@ -12,7 +12,9 @@
 
 namespace vlm::model {
 
-// Conv patch embedding (kernel = stride = patch) plus learned absolute positions.
+// Patch embedding (nanoVLM's Conv2d with kernel = stride = patch) plus learned absolute
+// positions. The convolution's weights are kept under its name, but it is computed as what it
+// is, a linear map of each patch: see forward().
 class ViTPatchEmbeddingsImpl : public torch::nn::Module {
  public:
   explicit ViTPatchEmbeddingsImpl(const spec::VisionSpec& spec);
@@ -21,6 +23,7 @@ class ViTPatchEmbeddingsImpl : public torch::nn::Module {
  private:
   torch::nn::Conv2d conv{nullptr};
   torch::Tensor position_embedding;
+  int64_t patch_size_;
 };
 TORCH_MODULE(ViTPatchEmbeddings);
 

@@ -104,6 +104,33 @@ CATCH_TEST_CASE("loss equals the summed cross-entropy of the returned logits") {
   CATCH_CHECK(out.loss_sum.item<double>() == Approx(reference.item<double>()).epsilon(1e-6));
 }
 
+CATCH_TEST_CASE("the patch embedding computes nanoVLM's Conv2d (kernel = stride = patch)") {
+  auto model = test::tiny_model();
+  const auto patch_embedding = std::dynamic_pointer_cast<model::ViTPatchEmbeddingsImpl>(
+      model->vision_encoder->named_children()["patch_embedding"]);
+  CATCH_REQUIRE(patch_embedding != nullptr);
+  const auto parameters = patch_embedding->named_parameters();
+  const torch::Tensor weight = parameters["conv.weight"], bias = parameters["conv.bias"];
+  const torch::Tensor positions = parameters["position_embedding"];
+  {
+    torch::NoGradGuard no_grad;  // the tiny model's biases start at 0: make them count
+    bias.normal_(0.0, 0.5);
+  }
+  const torch::Tensor crops = torch::randn({3, 3, 64, 64});
+  const torch::Tensor reference =
+      torch::conv2d(crops, weight, bias, weight.size(-1)).flatten(2).transpose(1, 2) + positions;
+  const torch::Tensor embedded = patch_embedding->forward(crops);
+  CATCH_CHECK(embedded.sizes() == reference.sizes());
+  CATCH_CHECK(torch::allclose(embedded, reference, /*rtol=*/1e-5, /*atol=*/1e-6));
+  // Patches are taken row-major: moving one pixel changes only its patch's row.
+  torch::Tensor moved = crops.clone();
+  moved[0][1][17][40] += 1.0f;  // patch (17 / 8, 40 / 8) = (2, 5) of an 8 x 8 grid: row 21
+  const torch::Tensor changed =
+      (patch_embedding->forward(moved) - embedded).abs().sum(-1)[0].nonzero().flatten();
+  CATCH_CHECK(changed.numel() == 1);
+  CATCH_CHECK(changed[0].item<int64_t>() == 2 * 8 + 5);
+}
+
 CATCH_TEST_CASE("pixel shuffle follows nanoVLM's reshape/permute order") {
   // A 4x4 grid of 1-channel patches numbered row-major, factor 2: token (0,0) gathers
   // patches 0,1 (first row of its 2x2 window) then 4,5; token (0,1) gathers 2,3,6,7; ...

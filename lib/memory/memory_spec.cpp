@@ -1,6 +1,8 @@
 #include "memory/memory_spec.h"
 
+#include <algorithm>
 #include <stdexcept>
+#include <thread>
 
 namespace vlm::memory {
 
@@ -32,6 +34,10 @@ MemorySpec memory_spec(const Config& config) {
   if (config.train.lr.vision == 0.0) s.vision.trainable = false;
   if (config.train.lr.projector == 0.0) s.projector.trainable = false;
   if (config.train.lr.language == 0.0) s.language.trainable = false;
+  // As runtime::configure_threads resolves train.threads.
+  s.threads = config.train.threads > 0
+                  ? config.train.threads
+                  : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   return s;
 }
 

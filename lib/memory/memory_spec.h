@@ -32,6 +32,9 @@ struct MemorySpec {
   ModelLevers levers;  // checkpointing and chunking; freezing is resolved into the states below
   ComputePrecision precision = ComputePrecision::kFp32;
   ModuleState vision, projector, language;
+  // LibTorch's intra-op threads (train.threads; 0 there means every core): LayerNorm's
+  // backward accumulates its weight and bias gradients in a [2, threads, width] buffer.
+  int64_t threads = 1;
 };
 
 // The spec of a config's run (model.*, train.precision, train.lr.*).

@@ -4,188 +4,21 @@
 #include <numeric>
 #include <vector>
 
-#include "spec/derived.h"
+#include "memory/replay.h"
 
 namespace vlm::memory {
 namespace {
 
-constexpr int64_t e = 4;  // fp32
-// `tensor op double` wraps the double in a 0-dim tensor for the call.
-constexpr int64_t kWrappedScalar = 8;
-
-// Live bytes over a replayed phase and their maximum.
-struct Timeline {
-  int64_t live = 0;
-  int64_t peak = 0;
-  void alloc(int64_t bytes) {
-    live += bytes;
-    peak = std::max(peak, live);
-  }
-  void free(int64_t bytes) { live -= bytes; }
-  // A moment where `bytes` more are live for a while and then freed.
-  void transient(int64_t bytes) { peak = std::max(peak, live + bytes); }
-};
-
-struct Lm {
-  int64_t B, N, D, Dkv, F, Hq, Hkv, hd, Ll, V, Ns;
-  bool tied;
-  std::vector<int64_t> segments;
-};
-
-Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
-  const auto& l = spec.dims.language;
-  const int64_t hd = spec::language_head_dim(l);
-  return Lm{b.rows,
-            b.tokens(),
-            l.hidden_size,
-            l.num_kv_heads * hd,
-            l.mlp_size,
-            l.num_heads,
-            l.num_kv_heads,
-            hd,
-            l.num_layers,
-            spec::language_vocab_rows(l),
-            b.supervised_tokens,
-            l.tie_embeddings,
-            b.segment_lengths};
-}
-
-// RMSNorm forward (language_model.cpp:33-37) on an fp32 input: x^2 (kept by MeanBackward1),
-// its mean, the mean + eps (with the wrapped eps), rsqrt (kept), x * r (kept); the mean and
-// mean + eps die at the end of the statement (:35). Then n * w, the output.
-void rms_norm_forward(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N;
-  t.alloc(hidden);                        // sq = x^2
-  t.transient(2 * row + kWrappedScalar);  // mean, wrapped eps, mean + eps
-  t.transient(3 * row + hidden);          // mean, mean + eps, r, n: the statement's top
-  t.alloc(row + hidden);                  // r and n stay (saved)
-  t.alloc(hidden);                        // y = n * w
-}
-
-// One decoder block, fp32, trainable (language_model.cpp:105-110).
-void block_forward(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv;
-  const bool gqa = x.Hkv < x.Hq;
-  rms_norm_forward(t, x);  // norm1: sq1, r1, n1, y1 (y1 kept by q/k/v projections)
-  // q = apply_rotary(q_proj(y1)) (:80, :53-58): at the `+`, the projection q_lin, x * c,
-  // rotate_half's cat, rot * s and the sum are alive together; only the sum stays (the muls
-  // keep the cos/sin views, the projection output is kept by nobody).
-  t.transient(4 * hidden);
-  t.alloc(hidden);
-  t.transient(4 * kv);  // k (:81), the same at the KV width
-  t.alloc(kv);
-  t.alloc(kv);  // v = v_proj(y1) (:82), a view of the projection
-  if (gqa) {
-    // repeat_interleave (packed_attention.cpp:93-94) = index_select with an Hq-long int64
-    // index (kept) into contiguous [B, Hq, T, hd] keys and values; flat() (:66-69) then
-    // clones them, unless B == 1 where the reshape is a view.
-    t.alloc(2 * (hidden + 8 * x.Hq));
-    if (x.B > 1) t.alloc(2 * hidden);
-  }
-  // Per segment (packed_attention.cpp:74-82, compat.h:139-145), the top is at matmul(P, v):
-  // the causal mask (L^2, bool), its logical_not (kept by masked_fill), the masked scores S2
-  // and the probabilities P (4 Hq L^2 each) and the output. P, the mask and the output stay.
-  for (const int64_t L : x.segments) {
-    const int64_t out = e * x.Hq * L * x.hd;
-    t.transient(2 * L * L + 8 * x.Hq * L * L + out);
-    t.alloc(e * x.Hq * L * L + L * L + out);
-  }
-  t.alloc(hidden);                         // torch::cat(outputs) (:83)
-  t.free(hidden);                          // the outputs, at segment_attention's return
-  if (gqa && x.B > 1) t.free(2 * hidden);  // keys, values at multi_head_attention's return
-  t.alloc(hidden);  // ctx = transpose().contiguous() (language_model.cpp:85), kept by out_proj
-  t.alloc(hidden);  // o = out_proj(ctx)
-  t.free(hidden);   // attended (the cat) at attn's return
-  if (gqa) t.free(2 * kv);  // k and v (not kept: the index_select keeps its index only)
-  t.alloc(hidden);          // h = x + o (:108), kept by norm2
-  t.free(hidden);           // o
-  rms_norm_forward(t, x);   // norm2
-  const int64_t mlp = e * x.N * x.F;
-  t.alloc(4 * mlp);  // gate, silu, up, product (language_model.cpp:95), all kept
-  t.alloc(hidden);   // down
-  t.alloc(hidden);   // out = h + down (:109), kept by the next norm
-  t.free(hidden);    // down
-}
-
-// The forward above the live bytes before it; `t.live` ends at the saved bytes
-// (saved_activations, checked by the test).
-//
-// In this configuration the maximum is always the loss moment (logits beside the kept
-// log-probabilities, with `hidden` and the mask): every earlier moment's transient is smaller
-// than what the forward saves after it. The earlier moments (segment_ids, RoPE, the blocks'
-// rotary and attention tops) follow the per-op accounting of docs/memory.md and are kept in the
-// replay; the attention tops were checked to the byte against the allocator block by block. With
-// very few supervised tokens the top is instead `supervised.sum()` (token_loss.cpp:30), which casts
-// the mask to int64 (8N bytes).
-Timeline forward(const Lm& x) {
-  Timeline t;
-  const int64_t hidden = e * x.N * x.D;
-  t.alloc(hidden);  // token embeddings (vision_language_model.cpp:76), the LM input
-  // segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,
-  // searchsorted and the `- 1` (int64 each), all freed at once.
-  t.transient(3 * 8 * x.N + kWrappedScalar);
-  // RoPE tables (language_model.cpp:45-51): angles, their cat, cos and sin; cos and sin stay.
-  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + 2 * e * x.N * x.hd);
-  t.alloc(2 * e * x.N * x.hd);
-  for (int64_t i = 0; i < x.Ll; ++i) block_forward(t, x);
-  // Final RMSNorm (language_model.cpp:147): sq, r and n kept; `hidden` lives until
-  // forward_embeddings returns (vision_language_model.cpp:103-107), through the loss.
-  rms_norm_forward(t, x);
-  // Loss (token_loss.cpp:23-36): the supervised mask (bool, until return), the positions and
-  // targets (int64, kept), the rows (kept by the head's mm), the zero loss (4 B, replaced at
-  // :35) and the count (int64); then logits and log-probabilities together (the logits local
-  // lives until summed_cross_entropy returns), NLL's loss and total weight.
-  t.alloc(x.N);
-  t.alloc(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns);
-  // TokenLoss{(hidden.sum() * 0.0).to(kFloat), supervised.sum()} (:30): the sum and the
-  // product (the wrapped 0.0 comes and goes), then supervised.sum() casts the bool mask to
-  // int64 (8N) beside the count it returns, while the sum is still a temporary of the
-  // statement: the top of the loss's preparation, the peak when Ns V is small.
-  t.alloc(4 + 4);
-  t.alloc(8 * x.N);
-  t.alloc(8);
-  t.free(8 * x.N + 4);
-  t.alloc(e * x.Ns * x.V);  // logits
-  t.alloc(e * x.Ns * x.V);  // log-probabilities, kept
-  t.alloc(4 + 4);           // loss, total weight
-  t.free(e * x.Ns * x.V);   // logits
-  t.free(4);                // the zero loss, replaced
-  t.free(x.N);              // supervised
-  t.free(hidden);           // hidden
-  return t;
-}
-
-// The parameters AdamW steps, in group order (optimizer.cpp): language decay (every block's
-// linear weights, mlp then attn as registered, then an untied head), then language no-decay
-// (the token embedding, which the tied head shares, every block's two norm weights, the final
-// norm).
-std::vector<int64_t> optimizer_order(const Lm& x) {
-  std::vector<int64_t> numel;
-  for (int64_t i = 0; i < x.Ll; ++i) {
-    for (const int64_t n :
-         {x.F * x.D, x.F * x.D, x.D * x.F, x.D * x.D, x.Dkv * x.D, x.Dkv * x.D, x.D * x.D}) {
-      numel.push_back(n);
-    }
-  }
-  if (!x.tied) numel.push_back(x.V * x.D);
-  numel.push_back(x.V * x.D);
-  for (int64_t i = 0; i < x.Ll; ++i) {
-    numel.push_back(x.D);
-    numel.push_back(x.D);
-  }
-  numel.push_back(x.D);
-  return numel;
-}
+using replay::e;
+using replay::Timeline;
 
 // AdamW::step (LibTorch 1.13), GroupedAdamW::step alone (the trainer's clip_grad_norm before
 // it is not included): per parameter, the first step allocates exp_avg and exp_avg_sq
 // (zeros_like, kept); `denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)` holds sqrt and the
 // quotient together (8 B per element) beside small scalars: 12 B at the top (measured; the
-// wrapped divisor is 8 of them). Parameters without a gradient (the ViT and projector of a
-// text-only batch) are skipped by AdamW.
-int64_t optimizer_peak(const Lm& x, bool first_step) {
+// wrapped divisor is 8 of them). Parameters without a gradient are skipped.
+int64_t optimizer_peak(const std::vector<int64_t>& numel, bool first_step) {
   constexpr int64_t kScalars = 12;
-  const auto numel = optimizer_order(x);
   int64_t peak = 0;
   if (!first_step) {
     for (const int64_t n : numel) peak = std::max(peak, 8 * n + kScalars);
@@ -201,231 +34,77 @@ int64_t optimizer_peak(const Lm& x, bool first_step) {
   return gradients + peak;
 }
 
-// A parameter's gradient reaching its AccumulateGrad: the first backward steals it as the
-// .grad (it stays), later ones add it in place into the static .grad and free it.
-void accumulate_grad(Timeline& t, int64_t bytes, bool first_step) {
-  if (!first_step) t.free(bytes);
-}
-
-// RMSNorm backward (language_model.cpp:33-37), from the output's gradient `grad` (4ND, live):
-// the nodes in reverse order, each freeing what it saved once it has run; the norm's input x
-// (kept by pow and x * r only) is freed at the end.
-// On return the gradient of x (4ND) is live and `grad` has been freed. `residual`: x's
-// gradient buffer already holds the residual branch's gradient (decoder norms), so x's
-// gradients from the norm are added into it in place and freed.
-void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N, weight = e * x.D;
-  // MulBackward0 (n * w): grad * w first, then grad * n summed to [D] (both live for a moment).
-  t.alloc(hidden);
-  t.transient(hidden + weight);
-  t.alloc(weight);
-  t.free(hidden + hidden);  // its input gradient and the kept n
-  accumulate_grad(t, weight, first_step);
-  // MulBackward0 (x * r): grad * r, then grad * x summed to [N, 1].
-  t.alloc(hidden);
-  t.transient(hidden + row);
-  t.alloc(row);
-  t.free(hidden);                // grad of n
-  if (residual) t.free(hidden);  // grad * r, added into x's gradient
-  // RsqrtBackward0: -0.5 * grad * r^3 (three [N, 1] temporaries at the top), then r is freed.
-  t.transient(2 * row);
-  t.alloc(row);
-  t.free(row + row);  // grad of r, r
-  // MeanBackward1: grad.expand(x^2) / D (4ND; the divisor wrapped), then x^2 is freed.
-  t.transient(hidden + 12);
-  t.alloc(hidden);
-  t.free(hidden + row);  // x^2, the grad of the mean
-  // PowBackward0: grad * 2 * x^1 (three 4ND at the top); added in place into x's gradient.
-  // Then x itself is freed: only this norm kept it (the residual's add keeps nothing).
-  t.transient(3 * hidden);
-  t.free(hidden + hidden);  // grad of x^2, x
-}
-
-// One decoder block's backward (language_model.cpp:105-110), from its output's gradient g
-// (4ND, live), nodes in the engine's order (highest sequence_nr first), each freeing what it
-// saved once it has run and its input gradients once consumed.
-void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block) {
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
-  const bool gqa = x.Hkv < x.Hq;
-  // MLP (:95). AddBackward0 (out = h + down) hands g to both h and down, allocating nothing.
-  // down's MmBackward0: grad of the product (4NF) and of W_down; the product is released.
-  t.alloc(mlp + e * x.D * x.F);
-  t.free(mlp);
-  accumulate_grad(t, e * x.D * x.F, first_step);
-  // MulBackward0 (silu * up): both factors' gradients; then its input gradient and the kept
-  // silu output and up projection are freed.
-  t.alloc(2 * mlp);
-  t.free(3 * mlp);
-  // SiluBackward0: one 4NF; then silu's gradient and the kept gate projection are freed.
-  t.alloc(mlp);
-  t.free(2 * mlp);
-  // up's and gate's MmBackward0: y2's gradient (4ND) and the weight's; then their input
-  // gradients; after the second, y2 is released and the two y2 gradients are summed in place.
-  for (int k = 0; k < 2; ++k) {
-    t.alloc(hidden + e * x.D * x.F);
-    t.free(mlp);
-    accumulate_grad(t, e * x.D * x.F, first_step);
+// The first unmodelled feature of this step, or "".
+std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
+  const int64_t segment_total =
+      std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
+  if (spec.precision != ComputePrecision::kFp32) return "bf16 autocast";
+  if (!spec.language.trainable) return "frozen language model";
+  if (spec.levers.checkpoint_language) return "language checkpointing";
+  if (spec.levers.loss_chunk_tokens > 0 && shape.supervised_tokens > spec.levers.loss_chunk_tokens) {
+    return "loss chunking";
   }
-  t.free(hidden + hidden);
-  // norm2 (:109), into h's gradient buffer (g, which h's add passed on).
-  rms_norm_backward(t, x, first_step, /*residual=*/true);
-  // AddBackward0 (h = x + o) passes g on. out_proj's MmBackward0: the context's gradient dC
-  // (4ND) and W_o's; the kept context is released.
-  t.alloc(hidden + e * x.D * x.D);
-  t.free(hidden);
-  accumulate_grad(t, e * x.D * x.D, first_step);
-  // The views back to the cat (packed_attention.cpp:83) are free: each segment's output
-  // gradient is a narrow view of dC, which lives until the first segment's P @ V backward.
-  // Segments run last first. Per segment: P @ V's BmmBackward0 (dP, dV_i), SoftmaxBackward0,
-  // MaskedFillBackward0, the scale's MulBackward1 (a wrapped scalar and 4 B), Q K^T's
-  // BmmBackward0 (dQ_i, dK_i), then three SliceBackward0: zeros [Hq, N, hd] each, kept as the
-  // flat q/k/v gradient by the first segment; for later ones the engine's InputBuffer
-  // allocates old + new (measured: not in place) and frees both.
-  const int64_t k_storage = gqa ? hidden : kv;  // what the kept k/v views keep alive
-  const auto& segments = x.segments;
-  for (size_t j = segments.size(); j-- > 0;) {
-    const int64_t L = segments[j];
-    const int64_t scores = e * x.Hq * L * L, rows = e * x.Hq * L * x.hd;
-    const bool first_processed = j + 1 == segments.size(), last_processed = j == 0;
-    t.alloc(scores + rows);                          // dP, dV_i
-    if (last_processed) t.free(k_storage + hidden);  // v's storage; dC
-    t.alloc(scores);                                 // dS
-    t.free(2 * scores);                              // dP, P
-    t.alloc(scores);                                 // masked_fill's gradient
-    t.free(scores + L * L);                          // dS, the mask
-    t.transient(12);                                 // the wrapped scale
-    t.alloc(scores);                                 // * scale
-    t.free(scores);                                  //
-    t.alloc(2 * rows);                               // dQ_i, dK_i
-    t.free(scores);                                  // its input gradient
-    if (last_processed) t.free(hidden + k_storage);  // q's and k's storages
-    for (int k = 0; k < 3; ++k) {
-      t.alloc(hidden);
-      t.free(rows);
-      if (!first_processed) {
-        // The engine's InputBuffer adds it out of place (old + new) and frees both.
-        t.alloc(hidden);
-        t.free(2 * hidden);
-      }
-    }
+  if (!spec.dims.language.tie_embeddings) return "untied LM head";
+  if (shape.crops > 0 && !(spec.vision.trainable && spec.projector.trainable)) {
+    return "crops with a frozen vision tower or projector";
   }
-  // v (created last): GQA's IndexSelectBackward0 for v then k (zeros [B, Hkv, T, hd] +
-  // index_add; the flat gradient and the kept index are freed); the head view's backward copies
-  // the gradient (a reshape of a transposed tensor); v_proj's MmBackward0: y1's gradient and
-  // W_v's (the first y1 gradient: kept in y1's buffer).
-  if (gqa) {
-    t.alloc(kv);
-    t.free(hidden + 8 * x.Hq);
-    t.alloc(kv);
-    t.free(hidden + 8 * x.Hq);
+  if (shape.crops > 0 && spec.levers.checkpoint_vision) return "vision checkpointing";
+  if (shape.supervised_tokens <= 0) return "no supervised token";
+  if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {
+    return "segment lengths unknown";
   }
-  t.alloc(kv);  // view copy
-  t.free(kv);   // v's gradient (flat at g == 1, index_select's at g > 1)
-  t.alloc(hidden + e * x.D * x.Dkv);
-  t.free(kv);
-  accumulate_grad(t, e * x.D * x.Dkv, first_step);
-  // k then q: RoPE's backward (:57): grad * s, grad * c, then the incoming gradient is freed;
-  // rotate_half's NegBackward0 (half width) and SplitBackward0 (a cat, full width); then
-  // those are freed but the sum; the view copy; the projection's MmBackward0; y1's gradients
-  // summed in place. Block 0's q muls are the last to keep RoPE's cos and sin (4N hd each).
-  for (const bool q : {false, true}) {
-    const int64_t width = q ? hidden : kv, weight = e * x.D * (q ? x.D : x.Dkv);
-    const bool frees_tables = q && first_block;
-    t.alloc(width);                            // grad * s
-    if (frees_tables) t.free(e * x.N * x.hd);  // sin
-    t.alloc(width);                            // grad * c
-    if (frees_tables) t.free(e * x.N * x.hd);  // cos
-    t.free(width);  // the flat q gradient, or k's (flat at g == 1, index_select's at g > 1)
-    t.alloc(width / 2);
-    t.alloc(width);
-    t.free(width + width / 2 + width);
-    t.alloc(width);  // view copy
-    t.free(width);
-    t.alloc(hidden + weight);
-    t.free(width);
-    if (q) t.free(hidden);  // y1, released by its last user (q_proj)
-    t.free(hidden);         // y1's gradient, summed in place
-    accumulate_grad(t, weight, first_step);
-  }
-  rms_norm_backward(t, x, first_step, /*residual=*/true);  // norm1
-}
-
-// Backward of the loss, the head and the final norm, then the blocks, then the embedding.
-// Starts with the saved bytes live (`saved`, above the live before the forward).
-int64_t backward_peak(const Lm& x, int64_t saved, bool first_step) {
-  Timeline t;
-  t.alloc(saved);
-  const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
-  const int64_t hidden = e * x.N * x.D;
-  // The root gradient (4 B); NllLossBackward0: zeros_like(log-probabilities) scattered; then
-  // the targets (int64) are released.
-  t.alloc(4);
-  t.alloc(logits);
-  t.free(8 * x.Ns + 4);
-  // LogSoftmaxBackward0: its gradient beside NLL's and the kept log-probabilities; then both
-  // of those are freed.
-  t.alloc(logits);
-  t.free(2 * logits);
-  // The head's MmBackward0: the rows' gradient and the head's (column-major, viewed back by
-  // TBackward0); then the logits' gradient and the kept rows are freed. The tied head's
-  // gradient waits in the embedding's AccumulateGrad input buffer, which runs only after
-  // EmbeddingBackward0, the last node: 4VD held through the whole backward.
-  t.alloc(rows + head);
-  t.free(logits + rows);
-  // IndexSelectBackward0 (token_loss.cpp:26): zeros [N, D] + index_add; then the rows'
-  // gradient and the positions (int64) are freed.
-  t.alloc(hidden);
-  t.free(rows + 8 * x.Ns);
-  // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
-  // this norm only. Then the blocks, last first; each ends with its input's gradient live.
-  rms_norm_backward(t, x, first_step, /*residual=*/false);
-  for (int64_t i = x.Ll - 1; i >= 0; --i) block_backward(t, x, first_step, i == 0);
-  // Now live: the gradients stolen so far (first step), the head's buffered gradient, the
-  // embeddings' gradient, the forward's outputs (12 B) and NLL's 4 B root gradient buffer.
-  // EmbeddingBackward0 (runs last): zeros [V, D] + index_add; its input is freed; the
-  // engine's InputBuffer then adds it to the buffered head gradient (a transposed view, so
-  // not in place): three V x D tensors at once. AccumulateGrad then steals the sum (first
-  // step) or adds it in place.
-  t.alloc(head);
-  t.free(hidden);
-  t.alloc(head);
-  t.free(2 * head);
-  accumulate_grad(t, head, first_step);
-  return t.peak;
+  return "";
 }
 
 }  // namespace
 
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step) {
   PhasePeaks p;
-  const int64_t segment_total =
-      std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
-  if (spec.precision != ComputePrecision::kFp32) {
-    p.why_not = "bf16 autocast";
-  } else if (!spec.language.trainable) {
-    p.why_not = "frozen language model";
-  } else if (spec.levers.checkpoint_language) {
-    p.why_not = "language checkpointing";
-  } else if (spec.levers.loss_chunk_tokens > 0 &&
-             shape.supervised_tokens > spec.levers.loss_chunk_tokens) {
-    p.why_not = "loss chunking";
-  } else if (!spec.dims.language.tie_embeddings) {
-    p.why_not = "untied LM head";
-  } else if (shape.crops > 0) {
-    p.why_not = "crops (the vision tower and projector)";
-  } else if (shape.supervised_tokens <= 0) {
-    p.why_not = "no supervised token";
-  } else if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {
-    p.why_not = "segment lengths unknown";
-  }
+  p.why_not = unmodelled(spec, shape);
   if (!p.why_not.empty()) return p;
-
-  const Lm x = lm_of(spec, shape);
-  const Timeline fwd = forward(x);
   p.modelled = true;
-  p.forward = fwd.peak;
-  p.backward = backward_peak(x, fwd.live, first_step);
-  p.optimizer = optimizer_peak(x, first_step);
+
+  const replay::Lm x = replay::lm_of(spec, shape);
+  const replay::Vit v = replay::vit_of(spec, shape);
+  const int64_t hidden = e * x.N * x.D, images = e * v.crops * v.I * v.D;
+  const bool crops = shape.crops > 0;
+
+  // Forward (vision_language_model.cpp:75-92): the token embeddings, then the image path; the
+  // index_copy writes the image embeddings into a copy of the token embeddings, which die.
+  Timeline forward;
+  forward.alloc(hidden);
+  if (crops) {
+    replay::vision_forward(forward, v);
+    forward.alloc(hidden);
+    forward.free(hidden);
+  }
+  replay::language_forward(forward, x);
+  p.forward = forward.peak;
+
+  // Backward: the decoder to its input's gradient; IndexCopyBackward0 splits it into the token
+  // embeddings' gradient (index_fill: a copy) and the image embeddings' (index_select), then
+  // frees it and the kept image embeddings; the image path runs before EmbeddingBackward0, the
+  // oldest node, so the token gradient waits through it.
+  Timeline backward;
+  backward.alloc(forward.live);
+  replay::language_backward(backward, x, first_step);
+  if (crops) {
+    backward.alloc(hidden + images);
+    backward.free(hidden + images);
+    replay::vision_backward(backward, v, first_step);
+  }
+  replay::embedding_backward(backward, x, first_step);
+  p.backward = backward.peak;
+
+  // AdamW: the image path's parameters have a gradient once a step with crops has run (the
+  // first step: this one has crops; later steps: every trained parameter has one).
+  const bool image_gradients = crops || !first_step;
+  std::vector<int64_t> numel =
+      replay::vision_parameters(v, image_gradients && spec.vision.trainable,
+                                image_gradients && spec.projector.trainable);
+  const auto language = replay::language_parameters(x);
+  numel.insert(numel.end(), language.begin(), language.end());
+  p.optimizer = optimizer_peak(numel, first_step);
   return p;
 }
 

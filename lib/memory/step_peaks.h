@@ -1,30 +1,27 @@
 // The transient peaks of one training step (forward, backward, optimizer), in bytes above what
-// is live right before the step's forward, for the language side: the decoder, the loss and
-// AdamW (fp32 compute).
+// is live right before the step's forward.
 //
 // Each phase is replayed allocation by allocation in the order LibTorch 1.13 runs it (the
 // statements of lib/model, autograd's backward nodes in sequence_nr order, AdamW's per-
-// parameter loop), keeping the bytes live at every moment and their maximum; the peaks are
-// held to the tracking allocator by tests/memory_accuracy/test_step_peaks.cpp. docs/memory.md
-// derives the terms.
-//
-// Symbols as in memory/saved_activations.h: N = B * T token positions, D width, Dkv = Hkv *
-// hd, F MLP width, Hq query heads, V vocabulary rows, Ns supervised tokens, L a segment length.
+// parameter loop), keeping the bytes live at every moment and their maximum (memory/replay.h;
+// one replay per tower). The peaks are held to the tracking allocator, to the byte, by
+// tests/memory_accuracy/test_step_peaks.cpp (whole steps, and the image path on its own);
+// docs/memory.md derives the terms.
 //
 // What is modelled (else `modelled` is false and `why_not` says what is missing; the numbers
 // are then 0, never an estimate):
-//   - fp32 compute, a trainable language model, no language checkpointing, no loss chunking
+//   - fp32 compute, a trained language model, no language checkpointing, no loss chunking
 //     (or Ns <= loss_chunk_tokens, where token_loss.cpp:34 takes the unchunked path);
 //   - a tied head (the presets'): its gradient waits in the embedding's AccumulateGrad buffer
 //     for the whole backward; an untied head's node order was not measured;
-//   - no crops in the batch (the ViT and the projector do not run; their parameters get no
-//     gradient, so AdamW skips them);
+//   - crops with a trained ViT and projector, without ViT checkpointing, in chunks of any
+//     vision_chunk_crops (a text-only batch runs neither: their parameters get no gradient);
 //   - at least one supervised token, and the segment lengths in cu_seqlens order
-//     (BatchShape::segment_lengths, filled by BatchShape::from_segments).
+//     (BatchShape::segment_lengths, filled by BatchShape::from_segments);
+//   - MemorySpec::threads, the intra-op threads (LayerNorm's backward buffer).
 // The backward is replayed with the forward's outputs still held (the trainer's
 // `objective.backward()`); the optimizer phase is GroupedAdamW::step alone, without the
-// trainer's clip_grad_norm. Thread-count independent (LayerNorm's per-thread buffers do not
-// occur in the decoder).
+// trainer's clip_grad_norm.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +46,9 @@ struct PhasePeaks {
 // are then allocated during its backward (AccumulateGrad steals each first gradient) and
 // AdamW's moments during its step; from the second step on both are static (live before the
 // forward: LibTorch 1.13's zero_grad zeroes them in place) and every incoming gradient is a
-// transient added in place.
+// transient added in place. A later step assumes every trained module has had a gradient (a
+// step with crops has run), so AdamW steps the image path's parameters even on a text-only
+// batch.
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step);
 
 }  // namespace vlm::memory

@@ -1,0 +1,85 @@
+// The machinery behind memory/step_peaks.h: a phase of a training step replayed allocation by
+// allocation, in the order LibTorch 1.13 runs it, keeping the live bytes and their maximum;
+// one replay per tower. Internal to lib/memory.
+//
+// Backward order (autograd's engine on CPU): the ready node with the highest sequence_nr runs
+// first (the most recently created), AccumulateGrad (a parameter's gradient) as soon as it is
+// ready; a node's input gradients are freed when it returns (unless passed on or shared), then
+// what it saved. docs/memory.md derives the terms.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "memory/batch_shape.h"
+#include "memory/memory_spec.h"
+
+namespace vlm::memory::replay {
+
+constexpr int64_t e = 4;  // fp32
+// `tensor op double` wraps the double in a 0-dim tensor for the call.
+constexpr int64_t kWrappedScalar = 8;
+
+// Live bytes over a replayed phase and their maximum.
+struct Timeline {
+  int64_t live = 0;
+  int64_t peak = 0;
+  void alloc(int64_t bytes) {
+    live += bytes;
+    peak = std::max(peak, live);
+  }
+  void free(int64_t bytes) { live -= bytes; }
+  // A moment where `bytes` more are live for a while and then freed.
+  void transient(int64_t bytes) { peak = std::max(peak, live + bytes); }
+};
+
+// A parameter's gradient reaching its AccumulateGrad: with no .grad yet it is stolen as the
+// .grad (it stays); otherwise it is added in place into the .grad and freed.
+inline void accumulate_grad(Timeline& t, int64_t bytes, bool steal) {
+  if (!steal) t.free(bytes);
+}
+
+// The language side, in the symbols of memory/saved_activations.h.
+struct Lm {
+  int64_t B, N, D, Dkv, F, Hq, Hkv, hd, Ll, V, Ns;
+  bool tied;
+  std::vector<int64_t> segments;
+};
+Lm lm_of(const MemorySpec& spec, const BatchShape& shape);
+
+// The image path: `crops` crops of P patches in chunks of `chunk` (vision_chunk_crops; all at
+// once when 0), ViT width d, MLP m, heads h, Lv blocks; `patch_values` = 3 p^2 per patch, I
+// image tokens per crop of width Dp = d s^2 into the LM's D. `shuffle_copies`: pixel shuffle
+// > 1, whose reshape copies the features (and its backward copies their gradient).
+struct Vit {
+  int64_t crops, chunk, P, d, m, h, Lv, patch_values, I, Dp, D, threads;
+  bool shuffle_copies;
+  std::vector<int64_t> chunks() const;  // crops per chunk, in forward order
+};
+Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
+
+// --- language (replay_language.cpp) --------------------------------------------------------
+// The decoder and the loss, from the LM input live (counted by the caller) to the forward's
+// end; `t.live` then holds what they save.
+void language_forward(Timeline& t, const Lm& x);
+// From the saved bytes to the LM input's gradient (4ND, live on return); the tied head's
+// gradient (4VD) waits in the embedding's AccumulateGrad buffer, live on return too.
+void language_backward(Timeline& t, const Lm& x, bool first_step);
+// EmbeddingBackward0 (the last node) from the token embeddings' gradient (4ND, freed).
+void embedding_backward(Timeline& t, const Lm& x, bool first_step);
+// Trained parameters in AdamW's order (language decay, language no-decay), in elements.
+std::vector<int64_t> language_parameters(const Lm& x);
+
+// --- vision (replay_vision.cpp) ------------------------------------------------------------
+// The ViT and the projector over every chunk (and the concatenation of the chunks' outputs):
+// on return the image embeddings (4 n I D) and what the towers save are live.
+void vision_forward(Timeline& t, const Vit& v);
+// From the image embeddings' gradient (4 n I D, freed on the way) through every chunk, last
+// chunk first; parameter gradients are stolen by the first chunk processed when `first_step`.
+void vision_backward(Timeline& t, const Vit& v, bool first_step);
+// Parameters in AdamW's order (vision decay, vision no-decay, projector), in elements: the
+// vision tower's if `vision`, the projector's if `projector`.
+std::vector<int64_t> vision_parameters(const Vit& v, bool vision, bool projector);
+
+}  // namespace vlm::memory::replay

@@ -1,0 +1,311 @@
+// The image path's replay (memory/replay.h): the ViT (vision_transformer.cpp) and the projector
+// (modality_projector.cpp), fp32, both trained, no checkpointing.
+//
+// Per chunk of n crops: X = 4nPd (a d-wide activation), M = 4nPm (an MLP activation),
+// A = 4nhP^2 (one attention score matrix per head), S = 4nP (a LayerNorm statistic).
+#include "memory/replay.h"
+
+#include "spec/derived.h"
+
+namespace vlm::memory::replay {
+
+std::vector<int64_t> Vit::chunks() const {
+  if (chunk <= 0 || crops <= chunk) return {crops};
+  std::vector<int64_t> sizes(static_cast<size_t>(crops / chunk), chunk);
+  if (crops % chunk != 0) sizes.push_back(crops % chunk);
+  return sizes;
+}
+
+Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
+  const auto& v = spec.dims.vision;
+  const int64_t s = spec.dims.projector.pixel_shuffle;
+  return Vit{b.crops,
+             spec.levers.vision_chunk_crops,
+             spec::patches_per_crop(v),
+             v.hidden_size,
+             v.mlp_size,
+             v.num_heads,
+             v.num_layers,
+             3 * v.patch_size * v.patch_size,
+             spec::image_tokens_per_crop(spec.dims),
+             v.hidden_size * s * s,
+             spec.dims.language.hidden_size,
+             spec.threads,
+             // The shuffle's permute moves data only when both the factor and the output grid
+             // exceed 1.
+             s > 1 && spec::image_tokens_per_crop(spec.dims) > 1};
+}
+
+namespace {
+
+struct Chunk {
+  int64_t n, X, M, A, S;
+};
+
+Chunk chunk_of(const Vit& v, int64_t n) {
+  return Chunk{n, e * n * v.P * v.d, e * n * v.P * v.m, e * n * v.h * v.P * v.P, e * n * v.P};
+}
+
+// Where one chunk's gradient of a parameter goes. AccumulateGrad runs once every chunk has
+// contributed; until then the engine sums the contributions in its input buffer: in place into
+// a fresh tensor, but out of place (a new sum; the old one and the contribution freed) when the
+// buffered gradient is a view, as every gradient that comes through `weight.t()` or the
+// engine's sum_to over rows is (the view keeps its base, so the storage is not the buffer's
+// alone).
+enum class Sink {
+  kKeep,     // the first contribution stays: in the buffer, then as the stolen .grad
+  kAdd,      // added into the buffer (or into the .grad, unchunked), then freed
+  kRelease,  // the last contribution when the .grad exists: added into the buffer, which is
+             // added into the .grad; both freed
+};
+
+struct Sinks {
+  Sink sink;
+  bool chunked;
+};
+
+Sinks sinks_of(size_t processed, size_t chunks, bool first_step) {
+  if (chunks == 1) return {first_step ? Sink::kKeep : Sink::kAdd, false};
+  if (processed == 0) return {Sink::kKeep, true};
+  if (processed + 1 == chunks && !first_step) return {Sink::kRelease, true};
+  return {Sink::kAdd, true};
+}
+
+// A gradient of `bytes` (live) reaching its parameter; `view`: it is a view (see above).
+void accumulate(Timeline& t, int64_t bytes, const Sinks& s, bool view) {
+  if (s.sink == Sink::kKeep) return;
+  if (s.chunked && view) t.transient(bytes);  // the out-of-place sum beside both addends
+  t.free(s.sink == Sink::kRelease ? 2 * bytes : bytes);
+}
+
+// LayerNorm (native_layer_norm on CPU) on a contiguous input: the output and the mean and
+// rstd per row; the statistics are kept by the backward node, the output by its consumer.
+void layer_norm_forward(Timeline& t, const Chunk& c) { t.alloc(c.X + 2 * c.S); }
+
+// Its backward, from the output's gradient (X, live; freed): dX, the weight's and bias's
+// gradients and the [2, threads, d] accumulation buffer at once; the buffer is freed when the
+// kernel ends, the gradient when the node returns, then the saved input and statistics. On
+// return dX is live (added in place into the residual's gradient by the caller, or it is the
+// residual's gradient); the weight and bias gradients have reached their AccumulateGrad.
+void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+  const int64_t buffer = e * 2 * v.threads * v.d;
+  t.alloc(c.X + 2 * e * v.d);
+  t.transient(buffer);
+  t.free(c.X);              // the output's gradient
+  t.free(c.X + 2 * c.S);    // the input, mean and rstd
+  accumulate(t, e * v.d, sink, false);
+  accumulate(t, e * v.d, sink, false);
+}
+
+// A linear with bias backward. LibTorch 1.13's linear on a 3-D input is matmul, then the bias
+// added in place, so two nodes run: the in-place add's, whose bias gradient is the engine's
+// sum_to over the rows (it reaches its AccumulateGrad at once), then matmul's mm: the weight's
+// gradient (column-major, viewed back by TBackward0) and the input's (`grad_in` bytes, 0 when
+// the input needs none); then the output's gradient (`grad_out` bytes) is freed if the mm
+// held its last reference (`frees_grad`), then the kept input (`kept_input` bytes).
+void linear_backward(Timeline& t, int64_t grad_in, int64_t in, int64_t out, int64_t grad_out,
+                     bool frees_grad, int64_t kept_input, const Sinks& sink) {
+  t.alloc(e * out);
+  accumulate(t, e * out, sink, true);
+  t.alloc(e * in * out + grad_in);
+  if (frees_grad) t.free(grad_out);
+  t.free(kept_input);
+  accumulate(t, e * in * out, sink, true);
+}
+
+// One pre-LN block (vision_transformer.cpp:85-88; attention :56-67 and compat.h's math path).
+// matmul reshapes the per-head views of qkv to [n h, P, hd] for bmm: a contiguous copy of each
+// of q, k^T and v (kept by bmm) when n > 1 and h > 1; otherwise the reshape is a view (a size-1
+// dimension merges with anything) and the views keep qkv's storage instead. The context,
+// `attended.transpose(1, 2).contiguous()`, is a copy when h > 1 and the attention output
+// itself when h == 1.
+void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
+  const bool head_copies = c.n > 1 && v.h > 1, context_copy = v.h > 1;
+  layer_norm_forward(t, c);  // Y1, kept by qkv_proj
+  t.alloc(3 * c.X);          // qkv
+  if (head_copies) t.alloc(2 * c.X);  // matmul(q, k^T): the copies of q and k^T,
+  t.alloc(c.A);                       // the scores
+  // `* scale`: the wrapped scale beside the scaled scores; the unscaled ones die.
+  t.alloc(kWrappedScalar + c.A);
+  t.free(kWrappedScalar + c.A);
+  t.alloc(c.A);                   // softmax, kept
+  if (head_copies) t.alloc(c.X);  // matmul(P, v): v's copy and the output
+  t.alloc(c.X);
+  t.free(c.A);                       // the scaled scores, at sdpa's return
+  if (context_copy) t.alloc(c.X);    // the context (kept by out_proj)
+  t.alloc(c.X);                      // out_proj
+  // At attn's return: the attention output (unless it is the context) and qkv (unless its
+  // views are kept) die.
+  t.free((context_copy ? c.X : 0) + (head_copies ? 3 * c.X : 0));
+  t.alloc(c.X);              // h = x + o, kept by ln2
+  t.free(c.X);               // o
+  layer_norm_forward(t, c);  // Y2, kept by fc1
+  t.alloc(2 * c.M);          // fc1 (kept by GELU), GELU (kept by fc2)
+  t.alloc(c.X);              // fc2
+  t.alloc(c.X);              // out = h + fc2, kept by the next LayerNorm
+  t.free(c.X);               // fc2
+}
+
+// One chunk's ViT and projector (vision_language_model.cpp:63-66); leaves the projector's
+// output (4 n I D) live.
+void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
+  // Patch embedding (vision_transformer.cpp:45-58): the patches (a contiguous copy, kept by
+  // the linear for the kernel's gradient), the linear's output, the positions added; the
+  // linear's output dies with the statement.
+  t.alloc(e * c.n * v.P * v.patch_values);
+  t.alloc(c.X);
+  t.alloc(c.X);
+  t.free(c.X);
+  for (int64_t i = 0; i < v.Lv; ++i) block_forward(t, v, c);
+  layer_norm_forward(t, c);  // the final LayerNorm's output, the features
+  // The projector: the pixel shuffle's contiguous copy (kept by the linear; with a factor of
+  // 1 the reshapes are views and the features themselves are kept), the linear's output; the
+  // features die when the encode lambda returns.
+  if (v.shuffle_copies) t.alloc(c.X);
+  t.alloc(e * c.n * v.I * v.D);
+  if (v.shuffle_copies) t.free(c.X);
+}
+
+// One block's backward, from its output's gradient g (X, live, kept live: on return it is the
+// block input's gradient).
+void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+  // out = h + fc2 passes g to both. fc2 (g stays: h's buffer shares it): GELU's output freed.
+  linear_backward(t, c.M, v.m, v.d, c.X, false, c.M, sink);
+  // GELU: its input's gradient; then fc2's input gradient and the kept fc1 output are freed.
+  t.alloc(c.M);
+  t.free(2 * c.M);
+  // fc1: Y2's gradient; its input gradient and Y2 freed.
+  linear_backward(t, c.X, v.d, v.m, c.M, true, c.X, sink);
+  // ln2 (frees Y2's gradient, h, the statistics); dX is added into g in place.
+  layer_norm_backward(t, v, c, sink);
+  t.free(c.X);
+  // h = x + o passes g on. out_proj: the context's gradient; the kept context freed.
+  linear_backward(t, c.X, v.d, v.d, c.X, false, c.X, sink);
+  // The context's views back to the attention output: reshaping the transposed gradient to
+  // [n h, P, hd] copies it when n > 1 and h > 1 (else a view); the context's gradient dies.
+  const bool head_copies = c.n > 1 && v.h > 1;
+  if (head_copies) {
+    t.alloc(c.X);
+    t.free(c.X);
+  }
+  // P @ v: the probabilities' and v's gradients; the incoming gradient and v's copy die.
+  t.alloc(c.A + c.X);
+  t.free(c.X + (head_copies ? c.X : 0));
+  // softmax: its input's gradient; the incoming one and the probabilities die.
+  t.alloc(c.A);
+  t.free(2 * c.A);
+  // `* scale` (the wrapped scale and a 4 B temporary at its top).
+  t.transient(12);
+  t.alloc(c.A);
+  t.free(c.A);
+  // q k^T: q's and k^T's gradients; the incoming one dies, and the copies of q and k^T (or
+  // qkv, which the views kept).
+  t.alloc(2 * c.X);
+  t.free(c.A + (head_copies ? 2 * c.X : 3 * c.X));
+  // Each head view's backward reshapes a transposed gradient to [n, P, d]: a copy each when
+  // h > 1 (the gradient it came from dies); then SplitBackward0 concatenates the three (3X)
+  // and frees them.
+  if (v.h > 1) {
+    for (int k = 0; k < 3; ++k) {
+      t.alloc(c.X);
+      t.free(c.X);
+    }
+  }
+  t.alloc(3 * c.X);
+  t.free(3 * c.X);
+  // qkv_proj: Y1's gradient; the concatenated gradient and Y1 die.
+  linear_backward(t, c.X, v.d, 3 * v.d, 3 * c.X, true, c.X, sink);
+  // ln1 (frees Y1's gradient, the block input, the statistics); dX added into g in place.
+  layer_norm_backward(t, v, c, sink);
+  t.free(c.X);
+}
+
+// One chunk's backward, from its slice of the image embeddings' gradient; `last` is the chunk
+// processed last (the first one), whose projector frees the whole gradient (4 n I D of every
+// chunk).
+void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient,
+                    bool last, const Sinks& sink) {
+  // Projector (mm without bias): the shuffled features' gradient and the weight's; then the
+  // image gradient (if this holds its last view) and the kept shuffle copy (or the features).
+  t.alloc(c.X + e * v.Dp * v.D);
+  if (last) t.free(image_gradient);
+  t.free(c.X);
+  accumulate(t, e * v.Dp * v.D, sink, true);
+  // The shuffle's permute backward leaves a permuted gradient that the features' reshape
+  // copies (a factor of 1: views only).
+  if (v.shuffle_copies) {
+    t.alloc(c.X);
+    t.free(c.X);
+  }
+  // The final LayerNorm (frees the features' gradient, the last block's output, the
+  // statistics); its dX is the last block's output gradient g.
+  layer_norm_backward(t, v, c, sink);
+  for (int64_t i = v.Lv - 1; i >= 0; --i) block_backward(t, v, c, sink);
+  // Patch embedding: x0 = linear + positions. The positions' gradient is g summed over the
+  // crops (a new [1, P, d]). With one crop it is g itself, shared with the linear's branch, so
+  // nothing can take it over: AccumulateGrad clones a first gradient and adds a later one in
+  // place, while the engine's buffer (chunks) keeps the first and sums the others out of place
+  // (a new sum, the old one freed).
+  const int64_t positions = e * v.P * v.d;
+  bool g_dies = true;
+  if (c.n > 1) {
+    t.alloc(positions);
+    accumulate(t, positions, sink, false);
+  } else if (sink.sink == Sink::kKeep) {
+    if (sink.chunked) {
+      g_dies = false;  // the buffer holds g itself
+    } else {
+      t.alloc(positions);
+    }
+  } else if (sink.chunked) {
+    t.transient(positions);
+    if (sink.sink == Sink::kRelease) t.free(positions);
+  }
+  // The linear (the patches need no gradient): the bias's gradient, then the kernel's; then g
+  // (unless the positions' buffer holds it) and the kept patches die.
+  linear_backward(t, 0, v.patch_values, v.d, c.X, g_dies, e * c.n * v.P * v.patch_values, sink);
+}
+
+}  // namespace
+
+void vision_forward(Timeline& t, const Vit& v) {
+  const auto chunks = v.chunks();
+  for (const int64_t n : chunks) chunk_forward(t, v, chunk_of(v, n));
+  if (chunks.size() > 1) {
+    // torch::cat(pieces): the concatenation, then the pieces die (cat keeps nothing).
+    const int64_t images = e * v.crops * v.I * v.D;
+    t.alloc(images);
+    t.free(images);
+  }
+}
+
+void vision_backward(Timeline& t, const Vit& v, bool first_step) {
+  const auto chunks = v.chunks();
+  const int64_t images = e * v.crops * v.I * v.D;
+  for (size_t k = chunks.size(); k-- > 0;) {
+    const size_t processed = chunks.size() - 1 - k;
+    chunk_backward(t, v, chunk_of(v, chunks[k]), images, k == 0,
+                   sinks_of(processed, chunks.size(), first_step));
+  }
+}
+
+std::vector<int64_t> vision_parameters(const Vit& v, bool vision, bool projector) {
+  std::vector<int64_t> numel;
+  if (vision) {
+    numel.push_back(v.d * v.patch_values);  // vision decay: the kernel,
+    for (int64_t i = 0; i < v.Lv; ++i) {     // each block's qkv, out, fc1, fc2
+      for (const int64_t n : {3 * v.d * v.d, v.d * v.d, v.m * v.d, v.d * v.m}) numel.push_back(n);
+    }
+    numel.push_back(v.P * v.d);  // vision no-decay: the positions, the kernel's bias,
+    numel.push_back(v.d);
+    for (int64_t i = 0; i < v.Lv; ++i) {  // each block's ln1, qkv and out biases, ln2, fc1, fc2
+      for (const int64_t n : {v.d, v.d, 3 * v.d, v.d, v.d, v.d, v.m, v.d}) numel.push_back(n);
+    }
+    numel.push_back(v.d);  // the final LayerNorm
+    numel.push_back(v.d);
+  }
+  if (projector) numel.push_back(v.D * v.Dp);  // projector (decay)
+  return numel;
+}
+
+}  // namespace vlm::memory::replay

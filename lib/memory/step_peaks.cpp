@@ -17,21 +17,33 @@ using replay::Timeline;
 // (zeros_like, kept); `denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)` holds sqrt and the
 // quotient together (8 B per element) beside small scalars: 12 B at the top (measured; the
 // wrapped divisor is 8 of them). Parameters without a gradient are skipped.
-int64_t optimizer_peak(const std::vector<int64_t>& numel, bool first_step) {
+int64_t adamw_peak(const std::vector<int64_t>& numel, bool moments_exist) {
   constexpr int64_t kScalars = 12;
   int64_t peak = 0;
-  if (!first_step) {
+  if (moments_exist) {
     for (const int64_t n : numel) peak = std::max(peak, 8 * n + kScalars);
     return peak;
   }
-  // The gradients allocated by the first backward are live; the moments come one by one.
-  const int64_t gradients = 4 * std::accumulate(numel.begin(), numel.end(), int64_t{0});
+  // The moments come one by one, each parameter's before its update.
   int64_t moments = 0;
   for (const int64_t n : numel) {
     moments += 8 * n;
     peak = std::max(peak, moments + 8 * n + kScalars);
   }
-  return gradients + peak;
+  return peak;
+}
+
+// The parameters AdamW steps, in its order, in elements: the image path's once they have
+// gradients.
+std::vector<int64_t> stepped_parameters(const MemorySpec& spec, const BatchShape& shape,
+                                        bool first_step) {
+  const bool image_gradients = shape.crops > 0 || !first_step;
+  std::vector<int64_t> numel = replay::vision_parameters(
+      replay::vit_of(spec, shape), image_gradients && spec.vision.trainable,
+      image_gradients && spec.projector.trainable);
+  const auto language = replay::language_parameters(replay::lm_of(spec, shape));
+  numel.insert(numel.end(), language.begin(), language.end());
+  return numel;
 }
 
 // The first unmodelled feature of this step, or "".
@@ -57,6 +69,11 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
 }
 
 }  // namespace
+
+int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step,
+                            bool moments_exist) {
+  return adamw_peak(stepped_parameters(spec, shape, first_step), moments_exist);
+}
 
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step) {
   PhasePeaks p;
@@ -97,14 +114,12 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   p.backward = backward.peak;
 
   // AdamW: the image path's parameters have a gradient once a step with crops has run (the
-  // first step: this one has crops; later steps: every trained parameter has one).
-  const bool image_gradients = crops || !first_step;
-  std::vector<int64_t> numel =
-      replay::vision_parameters(v, image_gradients && spec.vision.trainable,
-                                image_gradients && spec.projector.trainable);
-  const auto language = replay::language_parameters(x);
-  numel.insert(numel.end(), language.begin(), language.end());
-  p.optimizer = optimizer_peak(numel, first_step);
+  // first step: this one has crops; later steps: every trained parameter has one). On the
+  // first step the gradients the backward allocated are still live.
+  const auto numel = stepped_parameters(spec, shape, first_step);
+  const int64_t gradients =
+      first_step ? 4 * std::accumulate(numel.begin(), numel.end(), int64_t{0}) : 0;
+  p.optimizer = gradients + adamw_peak(numel, !first_step);
   return p;
 }
 

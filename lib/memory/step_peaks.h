@@ -51,4 +51,10 @@ struct PhasePeaks {
 // batch.
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step);
 
+// GroupedAdamW::step's peak above the live bytes before it (the gradients live): the moments
+// created one by one unless `moments_exist`, and each update's temporaries. `shape` and
+// `first_step` say which parameters have gradients, as for step_peaks.
+int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step,
+                            bool moments_exist);
+
 }  // namespace vlm::memory

@@ -79,6 +79,8 @@ json StepMetrics::to_json() const {
   for (const auto& [module, value] : lr) record["lr/" + module] = value;
   if (loss_scale) record["loss_scale"] = *loss_scale;
   if (peak_reserved_bytes) record["memory/peak_reserved_bytes"] = *peak_reserved_bytes;
+  if (predicted_peak_bytes) record["memory/predicted_peak_bytes"] = *predicted_peak_bytes;
+  if (predicted_static_bytes) record["memory/predicted_static_bytes"] = *predicted_static_bytes;
   if (mfu) record["mfu"] = finite_or_null(*mfu);
   return record;
 }

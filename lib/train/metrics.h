@@ -62,6 +62,11 @@ struct StepMetrics {
   // peak_allocated_bytes and peak_reserved_bytes is absent.
   int64_t peak_allocated_bytes = 0;            // [memory/peak_allocated_bytes]
   std::optional<int64_t> peak_reserved_bytes;  // [memory/peak_reserved_bytes]
+  // The memory model's prediction of that peak, made before the step ran, and the model
+  // states it counted as live before the step (max over ranks); absent when the step's
+  // configuration is not modelled yet (memory::predict_step says why, logged once).
+  std::optional<int64_t> predicted_peak_bytes;    // [memory/predicted_peak_bytes]
+  std::optional<int64_t> predicted_static_bytes;  // [memory/predicted_static_bytes]
 
   int64_t oom_retries = 0;    // [oom_retries] micro-batch splits redone after OOM in this step
   int64_t skipped_steps = 0;  // [skipped_steps] steps skipped so far (non-finite gradients)

@@ -20,6 +20,7 @@
 #include "train/fault_injector.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
+#include "train/memory_prediction.h"
 #include "train/metrics.h"
 #include "train/model_setup.h"
 #include "train/optimizer.h"
@@ -56,7 +57,9 @@ class Trainer {
   void setup();
   void resume_if_possible();
   bool train_step(data::LoadedStep& step, StepMetrics& metrics);
-  void step_metrics(const data::LoadedStep& step, const StepWork& work, StepMetrics& m);
+  void step_metrics(const data::LoadedStep& step, const StepWork& work,
+                    const memory::StepPrediction& predicted, StepMetrics& m);
+  bool gradients_allocated() const;
   void optimizer_update(StepMetrics& m);
   void save_checkpoint();
   void run_evaluation(bool final);
@@ -80,6 +83,7 @@ class Trainer {
   std::unique_ptr<MetricsSink> ledger_;  // samples.jsonl (output.sample_ledger)
   std::unique_ptr<ProgressOutput> progress_;
   std::unique_ptr<StepRunner> runner_;
+  std::unique_ptr<MemoryPredictor> memory_;
   fs::path run_dir_;
   RunState state_;
   nlohmann::json cursor_;               // data cursor after the last completed step
@@ -96,6 +100,7 @@ void Trainer::setup() {
                       loaded_.where("train.precision"));
   }
   const int threads = runtime::configure_threads(static_cast<int>(config_.train.threads));
+  memory_ = std::make_unique<MemoryPredictor>(config_, threads);
   if (config_.memory.simulate_device_bytes.bytes > 0) {
     if (device_.is_cuda()) {
       throw ConfigError("memory.simulate_device_bytes is for CPU runs; on CUDA the device is real",
@@ -185,6 +190,8 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   const int64_t n = step.plan.supervised_tokens;
   const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
   optimizer_->set_lr_factor(schedule_->lr_factor(state_.step));
+  const memory::StepPrediction predicted =
+      memory_->predict(step.batches, gradients_allocated(), optimizer_state_ready_);
   const StepWork work = runner_->run(std::move(step.batches), inv_n, state_.step + 1, state_);
 
   auto t = Clock::now();
@@ -215,8 +222,17 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   m.loss = n > 0 ? loss_total / static_cast<double>(n) : 0.0;
   m.grad_norm = grad_norm;
   m.step_ms = ms_since(start) + step.wait_ms;
-  step_metrics(step, work, m);
+  step_metrics(step, work, predicted, m);
   return finite;
+}
+
+// Every trained parameter has a gradient (zero_grad zeroes them in place, so after the first
+// backward that reached every module they stay allocated).
+bool Trainer::gradients_allocated() const {
+  for (const auto& p : optimizer_->parameters()) {
+    if (!p.grad().defined()) return false;
+  }
+  return true;
 }
 
 // AdamW, after its memory was checked (optimizer_headroom.h). An OOM inside the update itself
@@ -253,7 +269,8 @@ void Trainer::optimizer_update(StepMetrics& m) {
 
 // The rest of the step's metrics line (every rank planned every rank's micro-batches; times
 // and memory are maxed over ranks).
-void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work, StepMetrics& m) {
+void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
+                           const memory::StepPrediction& predicted, StepMetrics& m) {
   m.step = state_.step;
   m.lr = optimizer_->lr_by_module();
   if (scaler_) m.loss_scale = scaler_->scale();
@@ -269,11 +286,20 @@ void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work, S
   m.oom_retries += work.oom_retries;
   m.skipped_steps = state_.skipped_steps;
   const auto stats = runtime::memory_stats(device_);
+  // The prediction counts where every rank has one (an unmodelled rank sends 1 to the flag).
   const auto times = comm_->all_reduce_max(
-      {m.step_ms, -m.step_ms, static_cast<double>(stats.peak_allocated_bytes)});
+      {m.step_ms, -m.step_ms, static_cast<double>(stats.peak_allocated_bytes),
+       static_cast<double>(predicted.peak_bytes), static_cast<double>(predicted.static_bytes),
+       predicted.modelled ? 0.0 : 1.0});
   m.step_ms_max = times[0];
   m.step_ms_min = -times[1];
   m.peak_allocated_bytes = static_cast<int64_t>(times[2]);
+  if (times[5] == 0.0) {
+    m.predicted_peak_bytes = static_cast<int64_t>(times[3]);
+    m.predicted_static_bytes = static_cast<int64_t>(times[4]);
+    memory_->record(state_.step, *m.predicted_peak_bytes, m.peak_allocated_bytes,
+                    work.oom_retries == 0);
+  }
   if (device_.is_cuda()) m.peak_reserved_bytes = stats.peak_reserved_bytes;
   m.tokens_per_s = m.tokens / (m.step_ms_max / 1000.0);
   m.samples_per_s = m.samples / (m.step_ms_max / 1000.0);
@@ -391,7 +417,9 @@ ExitCode Trainer::run() {
                                         {"steps_this_run", state_.step - first_step},
                                         {"skipped_steps", state_.skipped_steps},
                                         {"drops", pipeline_->drops().to_json()},
-                                        {"skipped_samples", pipeline_->skips()}});
+                                        {"skipped_samples", pipeline_->skips()},
+                                        {"memory_prediction", memory_->summary()}});
+  if (const std::string line = memory_->summary_line(); !line.empty()) spdlog::info("{}", line);
   spdlog::info("done: {} steps in {:.1f} s; run directory {}", state_.step - first_step, seconds,
                run_dir_.string());
   return ExitCode::kOk;

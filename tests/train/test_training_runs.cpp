@@ -362,3 +362,71 @@ CATCH_TEST_CASE("fp16 on the CPU is refused with the key that asked for it") {
   CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
   CATCH_CHECK(r.output.find("fp16 needs a CUDA device") != std::string::npos);
 }
+
+// --- the memory model in the trainer (lib/memory, train/memory_prediction.h) ---------------
+
+namespace {
+
+// Every step's predicted peak against the measured one; the largest predicted peak.
+int64_t check_predictions(const fs::path& out) {
+  int64_t largest = 0;
+  const auto steps = records(out, "step");
+  CATCH_REQUIRE(!steps.empty());
+  for (const auto& r : steps) {
+    CATCH_INFO("step " << r["step"] << ": " << r.dump());
+    CATCH_REQUIRE(r.contains("memory/predicted_peak_bytes"));
+    const int64_t predicted = r["memory/predicted_peak_bytes"].get<int64_t>();
+    const int64_t measured = r["memory/peak_allocated_bytes"].get<int64_t>();
+    // The contract is +-1%; on CPU the fp32 prediction is exact to the byte.
+    CATCH_CHECK(std::abs(predicted - measured) <= measured / 100);
+    CATCH_CHECK(predicted == measured);
+    CATCH_CHECK(r["memory/predicted_static_bytes"].get<int64_t>() > 0);
+    largest = std::max(largest, predicted);
+  }
+  const auto summary = records(out, "summary");
+  CATCH_REQUIRE(summary.size() == 1);
+  CATCH_CHECK(summary[0]["memory_prediction"]["steps_compared"].get<int64_t>() ==
+              static_cast<int64_t>(steps.size()));
+  return largest;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 variants") {
+  for (const std::string variant :
+       {"", "--set model.vision_chunk_crops=3",
+        "--set train.batch_size=1 --set train.gradient_accumulation_steps=3",
+        "--set train.preflight=false --set model.loss_chunk_tokens=100000"}) {
+    CATCH_INFO("variant: " << variant);
+    TempDir out;
+    require_ok(run_vlmtrain(run_args(out.path(), variant)));
+    check_predictions(out.path());
+  }
+}
+
+CATCH_TEST_CASE("a configuration the memory model does not cover gets no predicted peak") {
+  TempDir out;
+  require_ok(run_vlmtrain(run_args(out.path(), "--set model.checkpoint_language=true")));
+  for (const auto& r : records(out.path(), "step")) {
+    CATCH_CHECK_FALSE(r.contains("memory/predicted_peak_bytes"));
+  }
+  CATCH_CHECK(records(out.path(), "summary")[0]["memory_prediction"].is_null());
+}
+
+CATCH_TEST_CASE("a device of the predicted peak fits every step; 2% less takes the OOM path") {
+  TempDir plain, exact, short_by_2;
+  const std::string args = "--set train.preflight=false";
+  require_ok(run_vlmtrain(run_args(plain.path(), args)));
+  const int64_t predicted = check_predictions(plain.path());
+  const auto retries = [](const fs::path& out) {
+    int64_t total = 0;
+    for (const auto& r : records(out, "step")) total += r["oom_retries"].get<int64_t>();
+    return total;
+  };
+  require_ok(run_vlmtrain(run_args(
+      exact.path(), args + " --set memory.simulate_device_bytes=" + std::to_string(predicted))));
+  CATCH_CHECK(retries(exact.path()) == 0);
+  require_ok(run_vlmtrain(run_args(short_by_2.path(), args + " --set memory.simulate_device_bytes=" +
+                                                          std::to_string(predicted * 98 / 100))));
+  CATCH_CHECK(retries(short_by_2.path()) > 0);
+}

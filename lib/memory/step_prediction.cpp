@@ -1,0 +1,69 @@
+#include "memory/step_prediction.h"
+
+#include <algorithm>
+
+#include "memory/saved_activations.h"
+#include "memory/static_memory.h"
+#include "memory/step_peaks.h"
+
+namespace vlm::memory {
+
+StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape>& micro_batches,
+                            StepState before) {
+  StepPrediction p;
+  const StaticMemory statics = static_memory(spec);
+  int64_t live = statics.parameter_bytes() + (before.gradients ? statics.gradient_bytes() : 0) +
+                 (before.moments ? statics.moment_bytes() : 0);
+  p.static_bytes = live;
+  p.peak_bytes = live;
+  if (micro_batches.empty()) {
+    p.why_not = "no micro-batch";
+    return p;
+  }
+  if (before.moments && !before.gradients) {
+    p.why_not = "optimizer moments without gradients";
+    return p;
+  }
+  bool gradients = before.gradients;
+  for (size_t k = 0; k < micro_batches.size(); ++k) {
+    const BatchShape& shape = micro_batches[k];
+    // The first backward of the process creates the gradients of the modules it reaches: a
+    // text-only first micro-batch leaves the image path's to a later one, which step_peaks
+    // does not replay.
+    if (!gradients && shape.crops == 0 && (spec.vision.trainable || spec.projector.trainable)) {
+      p.why_not = "a text-only first backward (the image path's gradients come later)";
+      return p;
+    }
+    const PhasePeaks phases = step_peaks(spec, shape, /*first_step=*/!gradients);
+    if (!phases.modelled) {
+      p.why_not = phases.why_not;
+      return p;
+    }
+    const int64_t base = live + batch_tensor_bytes(spec, shape);
+    const std::string micro = "micro-step " + std::to_string(k + 1);
+    if (base + phases.forward > p.peak_bytes) {
+      p.peak_bytes = base + phases.forward;
+      p.peak_phase = micro + " forward";
+    }
+    // The trainer's backward (step_runner.cpp, run_one) holds the objective `loss_sum * inv_n`
+    // (4 B) where step_peaks holds the forward's supervised count (8 B), which the trainer has
+    // dropped with the forward's output.
+    const int64_t backward = base + phases.backward - 4;
+    if (backward > p.peak_bytes) {
+      p.peak_bytes = backward;
+      p.peak_phase = micro + " backward";
+    }
+    if (!gradients) live += statics.gradient_bytes();
+    gradients = true;
+  }
+  const int64_t optimizer =
+      live + optimizer_step_peak(spec, micro_batches.back(), /*first_step=*/false, before.moments);
+  if (optimizer > p.peak_bytes) {
+    p.peak_bytes = optimizer;
+    p.peak_phase = "optimizer";
+  }
+  p.modelled = true;
+  return p;
+}
+
+}  // namespace vlm::memory

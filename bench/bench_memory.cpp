@@ -1,10 +1,12 @@
 // How fast the memory model predicts, from metadata alone, as the step planner will call it:
 // the public length stream packed with nanoVLM's limits (as bench_packer), micro-batches of
 // `batch_size` packs laid out as the collator does, and for each one its BatchShape and the
-// bytes its forward keeps for backward (memory/saved_activations.h).
+// bytes its forward keeps for backward (memory/saved_activations.h), or with --peaks the peak
+// of a whole step over it, replayed allocation by allocation (memory/step_prediction.h; a
+// later step: gradients and moments exist).
 //
 //   bench_memory [STREAM] [--preset NAME] [--batch-size B] [--precision fp32|bf16]
-//                [--checkpoint] [--repeat R]
+//                [--checkpoint] [--peaks] [--repeat R]
 //
 // Prints predictions per second on one core and the distribution of the predicted bytes.
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "data/source/sample_filter.h"
 #include "memory/saved_activations.h"
 #include "memory/static_memory.h"
+#include "memory/step_prediction.h"
 #include "spec/derived.h"
 
 namespace {
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
   std::string precision = "bf16";
   size_t batch_size = 2;
   int repeat = 20;
+  bool peaks = false;
   vlm::ModelLevers levers;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -73,6 +77,8 @@ int main(int argc, char** argv) {
       repeat = std::stoi(value());
     else if (arg == "--checkpoint")
       levers.checkpoint_vision = levers.checkpoint_language = true;
+    else if (arg == "--peaks")
+      peaks = true;
     else
       path = arg;
   }
@@ -105,7 +111,16 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     for (size_t m = 0; m < micro_batches; ++m) {
       const auto shape = shape_of(&packs[m * batch_size], batch_size, segments);
-      predicted[m] = vlm::memory::saved_activations(spec, shape).total();
+      if (peaks) {
+        const auto p = vlm::memory::predict_step(spec, {shape}, {true, true});
+        if (!p.modelled) {
+          std::fprintf(stderr, "error: step peaks not modelled here: %s\n", p.why_not.c_str());
+          return 2;
+        }
+        predicted[m] = p.peak_bytes;
+      } else {
+        predicted[m] = vlm::memory::saved_activations(spec, shape).total();
+      }
     }
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -117,9 +132,10 @@ int main(int argc, char** argv) {
               path.c_str(), stream.size(), packs.size(), micro_batches, batch_size);
   std::printf("model %s, %s, %s; model states %.2f GiB\n", preset.c_str(), precision.c_str(),
               levers.checkpoint_vision ? "checkpointing both towers" : "no levers", gib(statics));
-  std::printf("predictions/s (shape + saved activations, 1 core, best of %d): %.0f\n", repeat,
+  const char* what = peaks ? "step peak" : "saved activations";
+  std::printf("predictions/s (shape + %s, 1 core, best of %d): %.0f\n", what, repeat,
               static_cast<double>(micro_batches) / best_s);
-  std::printf("saved activations per micro-batch: p50 %.2f GiB, p99 %.2f GiB, max %.2f GiB\n",
+  std::printf("%s per micro-batch: p50 %.2f GiB, p99 %.2f GiB, max %.2f GiB\n", what,
               gib(percentile(predicted, 0.5)), gib(percentile(predicted, 0.99)),
               gib(percentile(predicted, 1.0)));
   return checksum == 0 ? 1 : 0;

@@ -140,7 +140,13 @@ CATCH_TEST_CASE("gradient accumulation does not change the result (B=4 x GA=1 vs
   require_ok(run_vlmtrain(run_args(a.path(), "--set train.batch_size=4")));
   require_ok(run_vlmtrain(
       run_args(b.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=4")));
-  CATCH_CHECK(max_difference(final_weights(a.path()), final_weights(b.path())) < 1e-5);
+  // The two runs differ by the order of floating-point sums only: BLAS blocks a matmul of 4
+  // packs' rows differently from one pack's, and AdamW's division by sqrt(v) lets an element
+  // whose gradient is near zero move by up to the learning rate whichever way rounding tips
+  // it. Measured after 6 steps: 1.2e-5 on one element of MP.proj.weight (2026-11-23, after the
+  // patch embedding became a matmul; below 1e-5, this test's old bound, with oneDNN's
+  // convolution). Every loss agrees to 1e-5 relative below.
+  CATCH_CHECK(max_difference(final_weights(a.path()), final_weights(b.path())) < 2e-5);
   const auto la = records(a.path(), "step"), lb = records(b.path(), "step");
   for (size_t i = 0; i < la.size(); ++i) {
     CATCH_CHECK(la[i]["loss"].get<double>() == Approx(lb[i]["loss"].get<double>()).epsilon(1e-5));

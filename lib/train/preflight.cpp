@@ -32,7 +32,7 @@ int64_t trial_step(const Config& config, const PreflightTarget& t, int64_t rows,
   }
   AutocastScope autocast(t.precision, t.device);
   torch::Tensor loss = t.model->forward(b).loss_sum;
-  (loss * 1e-9).backward();
+  if (loss.requires_grad()) (loss * 1e-9).backward();  // text only, decoder frozen: nothing
   t.optimizer.zero_grad();
   return crops;
 }

@@ -46,7 +46,9 @@ void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step
   if (c_.scaler) objective = c_.scaler->scale_loss(objective);
   if (c_.faults->fire("oom_backward", step))
     C10_THROW_ERROR(OutOfMemoryError, "injected out of memory (backward)");
-  objective.backward();
+  // A micro-batch whose loss reaches no trained parameter (text only, with the decoder frozen)
+  // has nothing to propagate: its loss counts, its gradients are zero.
+  if (objective.requires_grad()) objective.backward();
   work.backward_ms += ms_since(start);
   work.loss_sum += loss_sum.item<double>();
 }

@@ -436,3 +436,27 @@ CATCH_TEST_CASE("a device of the predicted peak fits every step; 2% less takes t
                                                           std::to_string(predicted * 98 / 100))));
   CATCH_CHECK(retries(short_by_2.path()) > 0);
 }
+
+CATCH_TEST_CASE("text-only micro-batches with the decoder frozen train nothing and do not fail") {
+  // Their loss reaches no trained parameter (the image path does not run): backward has
+  // nothing to propagate. Before, it threw and the run ended as an internal error.
+  TempDir data, out;
+  {
+    std::ofstream manifest(data / "text.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      manifest << R"({"images": [], "texts": [{"user": "What is )" << i
+               << R"( plus 1?", "assistant": ")" << i + 1 << "\"}]}\n";
+    }
+  }
+  const auto r = run_vlmtrain(run_args(out.path(), "--set model.freeze_language=true") +
+                              " --set 'data.train=[{path: " + (data / "text.jsonl").string() +
+                              "}]'");
+  require_ok(r);
+  const auto steps = records(out.path(), "step");
+  CATCH_REQUIRE(steps.size() == 6);
+  for (const auto& step : steps) {
+    CATCH_CHECK(step["crops"].get<int64_t>() == 0);
+    CATCH_CHECK(std::isfinite(step["loss"].get<double>()));
+    CATCH_CHECK(step["grad_norm"].get<double>() == 0.0);
+  }
+}

@@ -1,5 +1,6 @@
 #include "memory/replay.h"
 
+#include "memory/saved_activations.h"
 #include "spec/derived.h"
 
 namespace vlm::memory::replay {
@@ -7,7 +8,7 @@ namespace vlm::memory::replay {
 Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
   const auto& l = spec.dims.language;
   const int64_t hd = spec::language_head_dim(l);
-  return Lm{b.rows,
+  Lm x{b.rows,
             b.tokens(),
             l.hidden_size,
             l.num_kv_heads * hd,
@@ -19,7 +20,15 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
             spec::language_vocab_rows(l),
             b.supervised_tokens,
             l.tie_embeddings,
-            b.segment_lengths};
+            b.segment_lengths,
+            {}};
+  const int64_t C = spec.levers.loss_chunk_tokens;
+  if (C > 0 && b.supervised_tokens > C) {
+    for (int64_t start = 0; start < b.supervised_tokens; start += C) {
+      x.loss_chunks.push_back(std::min(C, b.supervised_tokens - start));
+    }
+  }
+  return x;
 }
 
 namespace {
@@ -224,6 +233,59 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block)
   rms_norm_backward(t, x, first_step, /*residual=*/true);  // norm1
 }
 
+// The chunked loss's backward (token_loss.cpp:38-47), from the root gradient: the chunks last
+// first, each a CheckpointFunction: the RNG state saved around the recompute, the recompute
+// with a graph (logits, the kept log-probabilities, loss and total weight; the logits die with
+// the closure's return), then autograd::grad over it: NLL's and log-softmax's gradients, the
+// head's mm (the chunk rows' gradient and the head's); the chunk's kept bytes die with the
+// recomputed graph. The chunk rows' gradient goes through the narrow's SliceBackward0 (zeros
+// [Ns, D] and a copy) into the rows' buffer; the head's gradient waits in the embedding's
+// AccumulateGrad buffer; later chunks' are summed into both out of place. The last chunk
+// releases the rows. Then `hidden.sum() * 0.0` (MulBackward1: 4 B) passes a stride-0
+// gradient to the final norm before IndexSelectBackward0 scatters the rows' gradient into
+// zeros [N, D] (4ND); the rows' gradient and the positions die, and the two gradients of the
+// final norm's output are summed out of place.
+void chunked_loss_backward(Timeline& t, const Lm& x) {
+  const int64_t head = e * x.V * x.D, hidden = e * x.N * x.D, rows = e * x.Ns * x.D;
+  for (size_t k = x.loss_chunks.size(); k-- > 0;) {
+    const int64_t logits = e * x.loss_chunks[k] * x.V, chunk_rows = e * x.loss_chunks[k] * x.D;
+    const bool first_processed = k + 1 == x.loss_chunks.size();
+    t.alloc(kCpuRngStateBytes);  // the state the recompute replaces, restored after it
+    t.alloc(2 * logits + 4 + 4);  // logits, log-probabilities, loss, total weight
+    t.free(logits);
+    t.free(kCpuRngStateBytes);
+    t.alloc(logits);          // NLL's gradient
+    t.free(4);                // the total weight
+    t.alloc(logits);          // log-softmax's gradient
+    t.free(2 * logits);       // NLL's gradient, the log-probabilities
+    t.alloc(chunk_rows + head);
+    t.free(logits);  // log-softmax's gradient
+    t.free(4);       // the recomputed loss
+    if (k == 0) t.free(rows);  // the last chunk releases the rows (every chunk kept a view)
+    // LibTorch 1.13's InputBuffer sums out of place (old + new, then both die): the head's
+    // gradient into the embedding's buffer as the node returns, then the SliceBackward0
+    // result into the rows' buffer.
+    if (!first_processed) {
+      t.transient(head);
+      t.free(head);
+    }
+    t.alloc(rows);  // SliceBackward0
+    t.free(chunk_rows);
+    if (!first_processed) {
+      t.transient(rows);
+      t.free(rows);
+    }
+  }
+  // MulBackward1 of `* 0.0`: wrapped scalars (24 B at the top), then its 4 B gradient, which
+  // SumBackward0 expands (a stride-0 view) into the final norm's buffer.
+  t.transient(24);
+  t.alloc(4);
+  t.alloc(hidden);          // IndexSelectBackward0: zeros [N, D] + index_add
+  t.free(rows + 8 * x.Ns);  // the rows' gradient, the positions
+  t.alloc(hidden);          // the final norm's buffer: stride-0 + dense, out of place
+  t.free(4 + hidden);
+}
+
 }  // namespace
 
 // The decoder's and the loss's forward; `t.live` gains their saved bytes (saved_activations,
@@ -262,11 +324,25 @@ void language_forward(Timeline& t, const Lm& x) {
   t.alloc(8 * x.N);
   t.alloc(8);
   t.free(8 * x.N + 4);
-  t.alloc(e * x.Ns * x.V);  // logits
-  t.alloc(e * x.Ns * x.V);  // log-probabilities, kept
-  t.alloc(4 + 4);           // loss, total weight
-  t.free(e * x.Ns * x.V);   // logits
-  t.free(4);                // the zero loss, replaced
+  if (x.loss_chunks.empty()) {
+    t.alloc(e * x.Ns * x.V);  // logits
+    t.alloc(e * x.Ns * x.V);  // log-probabilities, kept
+    t.alloc(4 + 4);           // loss, total weight
+    t.free(e * x.Ns * x.V);   // logits
+    t.free(4);                // the zero loss, replaced
+  } else {
+    // Each chunk is checkpointed (token_loss.cpp:38-47): the CPU generator's state is kept;
+    // the cross-entropy runs without a graph, so its logits, log-probabilities and total
+    // weight die at once and only the chunk's loss (4 B) comes out; `loss.sum + chunk_sum`
+    // then replaces the running sum and the chunk's loss dies.
+    for (const int64_t rows : x.loss_chunks) {
+      t.alloc(kCpuRngStateBytes);
+      t.alloc(2 * e * rows * x.V + 4 + 4);
+      t.free(2 * e * rows * x.V + 4);
+      t.alloc(4);
+      t.free(4 + 4);
+    }
+  }
   t.free(x.N);              // supervised
   t.free(hidden);           // hidden
 }
@@ -296,25 +372,29 @@ std::vector<int64_t> language_parameters(const Lm& x) {
 void language_backward(Timeline& t, const Lm& x, bool first_step) {
   const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
   const int64_t hidden = e * x.N * x.D;
-  // The root gradient (4 B); NllLossBackward0: zeros_like(log-probabilities) scattered; then
-  // the targets (int64) are released.
-  t.alloc(4);
-  t.alloc(logits);
-  t.free(8 * x.Ns + 4);
-  // LogSoftmaxBackward0: its gradient beside NLL's and the kept log-probabilities; then both
-  // of those are freed.
-  t.alloc(logits);
-  t.free(2 * logits);
-  // The head's MmBackward0: the rows' gradient and the head's (column-major, viewed back by
-  // TBackward0); then the logits' gradient and the kept rows are freed. The tied head's
-  // gradient waits in the embedding's AccumulateGrad input buffer, which runs only after
-  // EmbeddingBackward0, the last node: 4VD held through the whole backward.
-  t.alloc(rows + head);
-  t.free(logits + rows);
-  // IndexSelectBackward0 (token_loss.cpp:26): zeros [N, D] + index_add; then the rows'
-  // gradient and the positions (int64) are freed.
-  t.alloc(hidden);
-  t.free(rows + 8 * x.Ns);
+  t.alloc(4);  // the root gradient, held by backward() until it returns
+  if (x.loss_chunks.empty()) {
+    // NllLossBackward0: zeros_like(log-probabilities) scattered; then the targets (int64) and
+    // the total weight are released.
+    t.alloc(logits);
+    t.free(8 * x.Ns + 4);
+    // LogSoftmaxBackward0: its gradient beside NLL's and the kept log-probabilities; then both
+    // of those are freed.
+    t.alloc(logits);
+    t.free(2 * logits);
+    // The head's MmBackward0: the rows' gradient and the head's (column-major, viewed back by
+    // TBackward0); then the logits' gradient and the kept rows are freed. The tied head's
+    // gradient waits in the embedding's AccumulateGrad input buffer, which runs only after
+    // EmbeddingBackward0, the last node: 4VD held through the whole backward.
+    t.alloc(rows + head);
+    t.free(logits + rows);
+    // IndexSelectBackward0 (token_loss.cpp:26): zeros [N, D] + index_add; then the rows'
+    // gradient and the positions (int64) are freed.
+    t.alloc(hidden);
+    t.free(rows + 8 * x.Ns);
+  } else {
+    chunked_loss_backward(t, x);
+  }
   // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
   // this norm only. Then the blocks, last first; each ends with its input's gradient live.
   rms_norm_backward(t, x, first_step, /*residual=*/false);

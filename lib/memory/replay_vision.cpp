@@ -47,11 +47,8 @@ Chunk chunk_of(const Vit& v, int64_t n) {
 }
 
 // Where one chunk's gradient of a parameter goes. AccumulateGrad runs once every chunk has
-// contributed; until then the engine sums the contributions in its input buffer: in place into
-// a fresh tensor, but out of place (a new sum; the old one and the contribution freed) when the
-// buffered gradient is a view, as every gradient that comes through `weight.t()` or the
-// engine's sum_to over rows is (the view keeps its base, so the storage is not the buffer's
-// alone).
+// contributed; until then the engine sums the contributions in its input buffer, out of place
+// in LibTorch 1.13 (old + new: a third tensor for a moment, then both addends die).
 enum class Sink {
   kKeep,     // the first contribution stays: in the buffer, then as the stolen .grad
   kAdd,      // added into the buffer (or into the .grad, unchunked), then freed
@@ -71,10 +68,10 @@ Sinks sinks_of(size_t processed, size_t chunks, bool first_step) {
   return {Sink::kAdd, true};
 }
 
-// A gradient of `bytes` (live) reaching its parameter; `view`: it is a view (see above).
-void accumulate(Timeline& t, int64_t bytes, const Sinks& s, bool view) {
+// A gradient of `bytes` (live) reaching its parameter.
+void accumulate(Timeline& t, int64_t bytes, const Sinks& s) {
   if (s.sink == Sink::kKeep) return;
-  if (s.chunked && view) t.transient(bytes);  // the out-of-place sum beside both addends
+  if (s.chunked) t.transient(bytes);  // the out-of-place sum beside both addends
   t.free(s.sink == Sink::kRelease ? 2 * bytes : bytes);
 }
 
@@ -93,8 +90,8 @@ void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks&
   t.transient(buffer);
   t.free(c.X);              // the output's gradient
   t.free(c.X + 2 * c.S);    // the input, mean and rstd
-  accumulate(t, e * v.d, sink, false);
-  accumulate(t, e * v.d, sink, false);
+  accumulate(t, e * v.d, sink);
+  accumulate(t, e * v.d, sink);
 }
 
 // A linear with bias backward. LibTorch 1.13's linear on a 3-D input is matmul, then the bias
@@ -106,11 +103,11 @@ void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks&
 void linear_backward(Timeline& t, int64_t grad_in, int64_t in, int64_t out, int64_t grad_out,
                      bool frees_grad, int64_t kept_input, const Sinks& sink) {
   t.alloc(e * out);
-  accumulate(t, e * out, sink, true);
+  accumulate(t, e * out, sink);
   t.alloc(e * in * out + grad_in);
   if (frees_grad) t.free(grad_out);
   t.free(kept_input);
-  accumulate(t, e * in * out, sink, true);
+  accumulate(t, e * in * out, sink);
 }
 
 // One pre-LN block (vision_transformer.cpp:85-88; attention :56-67 and compat.h's math path).
@@ -230,7 +227,7 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   t.alloc(c.X + e * v.Dp * v.D);
   if (last) t.free(image_gradient);
   t.free(c.X);
-  accumulate(t, e * v.Dp * v.D, sink, true);
+  accumulate(t, e * v.Dp * v.D, sink);
   // The shuffle's permute backward leaves a permuted gradient that the features' reshape
   // copies (a factor of 1: views only).
   if (v.shuffle_copies) {
@@ -250,7 +247,7 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   bool g_dies = true;
   if (c.n > 1) {
     t.alloc(positions);
-    accumulate(t, positions, sink, false);
+    accumulate(t, positions, sink);
   } else if (sink.sink == Sink::kKeep) {
     if (sink.chunked) {
       g_dies = false;  // the buffer holds g itself

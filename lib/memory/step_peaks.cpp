@@ -53,9 +53,6 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   if (spec.precision != ComputePrecision::kFp32) return "bf16 autocast";
   if (!spec.language.trainable) return "frozen language model";
   if (spec.levers.checkpoint_language) return "language checkpointing";
-  if (spec.levers.loss_chunk_tokens > 0 && shape.supervised_tokens > spec.levers.loss_chunk_tokens) {
-    return "loss chunking";
-  }
   if (!spec.dims.language.tie_embeddings) return "untied LM head";
   if (shape.crops > 0 && !(spec.vision.trainable && spec.projector.trainable)) {
     return "crops with a frozen vision tower or projector";

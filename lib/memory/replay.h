@@ -45,6 +45,7 @@ struct Lm {
   int64_t B, N, D, Dkv, F, Hq, Hkv, hd, Ll, V, Ns;
   bool tied;
   std::vector<int64_t> segments;
+  bool checkpoint = false;  // model.checkpoint_language: every block checkpointed
   // Supervised rows per checkpointed loss chunk (model.loss_chunk_tokens), in order; empty when
   // the loss runs unchunked (no chunking, or Ns <= loss_chunk_tokens).
   std::vector<int64_t> loss_chunks;

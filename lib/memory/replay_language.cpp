@@ -21,6 +21,7 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
             b.supervised_tokens,
             l.tie_embeddings,
             b.segment_lengths,
+            spec.levers.checkpoint_language,
             {}};
   const int64_t C = spec.levers.loss_chunk_tokens;
   if (C > 0 && b.supervised_tokens > C) {
@@ -90,13 +91,75 @@ void block_forward(Timeline& t, const Lm& x) {
   t.free(hidden);    // down
 }
 
+// RMSNorm forward without a graph (inside a checkpointed block's forward): x^2, its mean, the
+// mean + eps, rsqrt and x * r, then the statement's temporaries die; n * w; n dies at return.
+void rms_norm_forward_nograd(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, row = e * x.N;
+  t.alloc(hidden + row);  // x^2, its mean
+  t.alloc(kWrappedScalar + row);
+  t.free(kWrappedScalar);
+  t.alloc(row + hidden);         // rsqrt, x * r
+  t.free(hidden + 3 * row);      // x^2, mean, mean + eps, rsqrt
+  t.alloc(hidden);               // y = n * w
+  t.free(hidden);                // n
+}
+
+// One decoder block's forward without a graph (CheckpointFunction::forward runs it under
+// NoGradGuard): every intermediate dies with its statement or scope; the output stays.
+void block_forward_nograd(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
+  const bool gqa = x.Hkv < x.Hq;
+  rms_norm_forward_nograd(t, x);  // y1, a temporary of the statement (language_model.cpp:108)
+  // q and k (apply_rotary, :53-58; GCC evaluates `x * c + rotate_half(x) * s` right to left):
+  // the projection, rotate_half's negated half and cat, rot * s, x * c, the sum; then the
+  // products and the cat die, then the projection.
+  for (const int64_t width : {hidden, kv}) {
+    t.alloc(width + width / 2 + width);
+    t.free(width / 2);
+    t.alloc(3 * width);
+    t.free(3 * width);
+    t.free(width);
+  }
+  t.alloc(kv);  // v = v_proj(y1)
+  if (gqa) {
+    t.alloc(2 * (hidden + 8 * x.Hq));  // repeat_interleave's keys and values (and indices)
+    t.free(2 * 8 * x.Hq);
+    if (x.B > 1) t.alloc(2 * hidden);  // flat() copies them
+  }
+  for (const int64_t L : x.segments) {
+    const int64_t scores = e * x.Hq * L * L, out = e * x.Hq * L * x.hd;
+    t.alloc(L * L);  // the causal mask (ones, then tril; the ones die)
+    t.alloc(L * L);
+    t.free(L * L);
+    t.alloc(scores + kWrappedScalar + scores);  // q k^T, the wrapped scale, * scale
+    t.free(kWrappedScalar + scores);
+    t.alloc(L * L + scores);  // logical_not, masked_fill; the scaled scores and the not die
+    t.free(scores + L * L);
+    t.alloc(scores + out);  // softmax, P v
+    t.free(2 * scores + L * L);  // probabilities, masked scores, the mask
+  }
+  t.alloc(hidden);  // torch::cat(outputs)
+  t.free(hidden);   // the outputs
+  if (gqa) t.free((x.B > 1 ? 2 * hidden : 0) + 2 * hidden);  // copies, keys, values
+  t.alloc(2 * hidden);  // the context, out_proj
+  t.free(hidden + hidden + hidden + 2 * kv);  // the context, attended, q, k, v
+  t.alloc(hidden);      // h = x + o
+  t.free(2 * hidden);   // o, y1
+  rms_norm_forward_nograd(t, x);  // y2
+  t.alloc(4 * mlp + hidden);  // up, gate, silu, product, down (:95, right to left)
+  t.free(4 * mlp);
+  t.alloc(hidden);          // out = h + down
+  t.free(3 * hidden);       // down, y2, h
+}
+
 // RMSNorm backward (language_model.cpp:33-37), from the output's gradient `grad` (4ND, live):
 // the nodes in reverse order, each freeing what it saved once it has run; the norm's input x
 // (kept by pow and x * r only) is freed at the end.
 // On return the gradient of x (4ND) is live and `grad` has been freed. `residual`: x's
 // gradient buffer already holds the residual branch's gradient (decoder norms), so x's
 // gradients from the norm are added into it in place and freed.
-void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual) {
+void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
+                       bool checkpoint_input = false, bool holds_incoming = false) {
   const int64_t hidden = e * x.N * x.D, row = e * x.N, weight = e * x.D;
   // MulBackward0 (n * w): grad * w first, then grad * n summed to [D] (both live for a moment).
   t.alloc(hidden);
@@ -108,8 +171,10 @@ void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual)
   t.alloc(hidden);
   t.transient(hidden + row);
   t.alloc(row);
-  t.free(hidden);                // grad of n
-  if (residual) t.free(hidden);  // grad * r, added into x's gradient
+  t.free(hidden);  // grad of n
+  // grad * r, added into x's gradient buffer (old + new): the old one dies unless a caller
+  // still holds it (`nested`: a checkpointed block's output gradient, held by the outer node).
+  if (residual && !holds_incoming) t.free(hidden);
   // RsqrtBackward0: -0.5 * grad * r^3 (three [N, 1] temporaries at the top), then r is freed.
   t.transient(2 * row);
   t.alloc(row);
@@ -120,21 +185,33 @@ void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual)
   t.free(hidden + row);  // x^2, the grad of the mean
   // PowBackward0: grad * 2 * x^1 (three 4ND at the top); added in place into x's gradient.
   // Then x itself is freed: only this norm kept it (the residual's add keeps nothing).
-  t.transient(3 * hidden);
-  t.free(hidden + hidden);  // grad of x^2, x
+  if (checkpoint_input) {
+    // A checkpointed block's input is the checkpoint's (released later); autograd::grad
+    // captures its gradient: the pow's result plus the residual's, summed out of place.
+    t.alloc(3 * hidden);
+    t.free(2 * hidden);  // the two temporaries
+    t.free(hidden);      // grad of x^2
+    t.alloc(hidden);     // the sum
+    t.free(2 * hidden);  // its addends
+  } else {
+    t.transient(3 * hidden);
+    t.free(hidden + hidden);  // grad of x^2, x
+  }
 }
 
 // One decoder block's backward (language_model.cpp:105-110), from its output's gradient g
 // (4ND, live), nodes in the engine's order (highest sequence_nr first), each freeing what it
 // saved once it has run and its input gradients once consumed.
-void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block) {
+void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
+                    bool nested = false) {
+  const bool keep = first_step || nested;  // nested: autograd::grad captures the gradients
   const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
   // MLP (:95). AddBackward0 (out = h + down) hands g to both h and down, allocating nothing.
   // down's MmBackward0: grad of the product (4NF) and of W_down; the product is released.
   t.alloc(mlp + e * x.D * x.F);
   t.free(mlp);
-  accumulate_grad(t, e * x.D * x.F, first_step);
+  accumulate_grad(t, e * x.D * x.F, keep);
   // MulBackward0 (silu * up): both factors' gradients; then its input gradient and the kept
   // silu output and up projection are freed.
   t.alloc(2 * mlp);
@@ -147,16 +224,17 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block)
   for (int k = 0; k < 2; ++k) {
     t.alloc(hidden + e * x.D * x.F);
     t.free(mlp);
-    accumulate_grad(t, e * x.D * x.F, first_step);
+    accumulate_grad(t, e * x.D * x.F, keep);
   }
   t.free(hidden + hidden);
   // norm2 (:109), into h's gradient buffer (g, which h's add passed on).
-  rms_norm_backward(t, x, first_step, /*residual=*/true);
+  rms_norm_backward(t, x, first_step || nested, /*residual=*/true, /*checkpoint_input=*/false,
+                    /*holds_incoming=*/nested);
   // AddBackward0 (h = x + o) passes g on. out_proj's MmBackward0: the context's gradient dC
   // (4ND) and W_o's; the kept context is released.
   t.alloc(hidden + e * x.D * x.D);
   t.free(hidden);
-  accumulate_grad(t, e * x.D * x.D, first_step);
+  accumulate_grad(t, e * x.D * x.D, keep);
   // The views back to the cat (packed_attention.cpp:83) are free: each segment's output
   // gradient is a narrow view of dC, which lives until the first segment's P @ V backward.
   // Segments run last first. Per segment: P @ V's BmmBackward0 (dP, dV_i), SoftmaxBackward0,
@@ -206,7 +284,7 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block)
   t.free(kv);   // v's gradient (flat at g == 1, index_select's at g > 1)
   t.alloc(hidden + e * x.D * x.Dkv);
   t.free(kv);
-  accumulate_grad(t, e * x.D * x.Dkv, first_step);
+  accumulate_grad(t, e * x.D * x.Dkv, keep);
   // k then q: RoPE's backward (:57): grad * s, grad * c, then the incoming gradient is freed;
   // rotate_half's NegBackward0 (half width) and SplitBackward0 (a cat, full width); then
   // those are freed but the sum; the view copy; the projection's MmBackward0; y1's gradients
@@ -228,9 +306,27 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block)
     t.free(width);
     if (q) t.free(hidden);  // y1, released by its last user (q_proj)
     t.free(hidden);         // y1's gradient, summed in place
-    accumulate_grad(t, weight, first_step);
+    accumulate_grad(t, weight, keep);
   }
-  rms_norm_backward(t, x, first_step, /*residual=*/true);  // norm1
+  rms_norm_backward(t, x, first_step || nested, /*residual=*/true,
+                    /*checkpoint_input=*/nested);  // norm1
+}
+
+// A checkpointed block's backward (activation_checkpoint.cpp:67-102), from its output's
+// gradient: the RNG state the recompute replaces (restored after it), the recompute with a
+// graph, then autograd::grad over it, which holds every parameter gradient of the block until
+// it returns (captured, not accumulated); the block input is the checkpoint's, released after.
+void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step) {
+  const int64_t hidden = e * x.N * x.D;
+  const int64_t parameters = e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
+  t.alloc(kCpuRngStateBytes);
+  block_forward(t, x);
+  t.free(kCpuRngStateBytes);
+  block_backward(t, x, first_step, /*first_block=*/false, /*nested=*/true);
+  t.free(hidden);  // the recomputed output
+  t.free(hidden);  // the output's gradient, with the node's inputs
+  t.free(hidden);  // the saved input
+  if (!first_step) t.free(parameters);
 }
 
 // The chunked loss's backward (token_loss.cpp:38-47), from the root gradient: the chunks last
@@ -306,7 +402,14 @@ void language_forward(Timeline& t, const Lm& x) {
   // RoPE tables (language_model.cpp:45-51): angles, their cat, cos and sin; cos and sin stay.
   t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + 2 * e * x.N * x.hd);
   t.alloc(2 * e * x.N * x.hd);
-  for (int64_t i = 0; i < x.Ll; ++i) block_forward(t, x);
+  for (int64_t i = 0; i < x.Ll; ++i) {
+    if (x.checkpoint) {
+      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd(t, x);
+    } else {
+      block_forward(t, x);
+    }
+  }
   // Final RMSNorm (language_model.cpp:147): sq, r and n kept; `hidden` lives until
   // forward_embeddings returns (vision_language_model.cpp:103-107), through the loss.
   rms_norm_forward(t, x);
@@ -398,7 +501,13 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
   // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
   // this norm only. Then the blocks, last first; each ends with its input's gradient live.
   rms_norm_backward(t, x, first_step, /*residual=*/false);
-  for (int64_t i = x.Ll - 1; i >= 0; --i) block_backward(t, x, first_step, i == 0);
+  for (int64_t i = x.Ll - 1; i >= 0; --i) {
+    if (x.checkpoint) {
+      checkpointed_block_backward(t, x, first_step);
+    } else {
+      block_backward(t, x, first_step, i == 0);
+    }
+  }
 }
 
 // Now live: the gradients stolen so far (first step), the head's buffered gradient, the

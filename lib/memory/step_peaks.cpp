@@ -52,7 +52,6 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
   if (spec.precision != ComputePrecision::kFp32) return "bf16 autocast";
   if (!spec.language.trainable) return "frozen language model";
-  if (spec.levers.checkpoint_language) return "language checkpointing";
   if (!spec.dims.language.tie_embeddings) return "untied LM head";
   if (shape.crops > 0 && !(spec.vision.trainable && spec.projector.trainable)) {
     return "crops with a frozen vision tower or projector";

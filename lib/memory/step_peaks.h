@@ -10,8 +10,8 @@
 //
 // What is modelled (else `modelled` is false and `why_not` says what is missing; the numbers
 // are then 0, never an estimate):
-//   - fp32 compute, a trained language model without checkpointing, the loss chunked
-//     (loss_chunk_tokens: each chunk checkpointed) or not;
+//   - fp32 compute, a trained language model, checkpointed (checkpoint_language) or not, the
+//     loss chunked (loss_chunk_tokens: each chunk checkpointed) or not;
 //   - a tied head (the presets'): its gradient waits in the embedding's AccumulateGrad buffer
 //     for the whole backward; an untied head's node order was not measured;
 //   - crops with a trained ViT and projector, without ViT checkpointing, in chunks of any

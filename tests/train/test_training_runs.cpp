@@ -402,7 +402,8 @@ CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 varian
   for (const std::string variant :
        {"", "--set model.vision_chunk_crops=3",
         "--set train.batch_size=1 --set train.gradient_accumulation_steps=3",
-        "--set train.preflight=false --set model.loss_chunk_tokens=40"}) {
+        "--set train.preflight=false --set model.loss_chunk_tokens=40",
+        "--set model.checkpoint_language=true"}) {
     CATCH_INFO("variant: " << variant);
     TempDir out;
     require_ok(run_vlmtrain(run_args(out.path(), variant)));
@@ -412,7 +413,7 @@ CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 varian
 
 CATCH_TEST_CASE("a configuration the memory model does not cover gets no predicted peak") {
   TempDir out;
-  require_ok(run_vlmtrain(run_args(out.path(), "--set model.checkpoint_language=true")));
+  require_ok(run_vlmtrain(run_args(out.path(), "--set model.checkpoint_vision=true")));
   for (const auto& r : records(out.path(), "step")) {
     CATCH_CHECK_FALSE(r.contains("memory/predicted_peak_bytes"));
   }

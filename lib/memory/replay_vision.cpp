@@ -5,6 +5,7 @@
 // A = 4nhP^2 (one attention score matrix per head), S = 4nP (a LayerNorm statistic).
 #include "memory/replay.h"
 
+#include "memory/saved_activations.h"
 #include "spec/derived.h"
 
 namespace vlm::memory::replay {
@@ -33,7 +34,8 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
              spec.threads,
              // The shuffle's permute moves data only when both the factor and the output grid
              // exceed 1.
-             s > 1 && spec::image_tokens_per_crop(spec.dims) > 1};
+             s > 1 && spec::image_tokens_per_crop(spec.dims) > 1,
+             spec.levers.checkpoint_vision};
 }
 
 namespace {
@@ -84,12 +86,14 @@ void layer_norm_forward(Timeline& t, const Chunk& c) { t.alloc(c.X + 2 * c.S); }
 // kernel ends, the gradient when the node returns, then the saved input and statistics. On
 // return dX is live (added in place into the residual's gradient by the caller, or it is the
 // residual's gradient); the weight and bias gradients have reached their AccumulateGrad.
-void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
+                         bool frees_input = true) {
   const int64_t buffer = e * 2 * v.threads * v.d;
   t.alloc(c.X + 2 * e * v.d);
   t.transient(buffer);
-  t.free(c.X);              // the output's gradient
-  t.free(c.X + 2 * c.S);    // the input, mean and rstd
+  t.free(c.X);  // the output's gradient
+  // The input (unless a checkpoint keeps it), mean and rstd.
+  t.free((frees_input ? c.X : 0) + 2 * c.S);
   accumulate(t, e * v.d, sink);
   accumulate(t, e * v.d, sink);
 }
@@ -143,6 +147,71 @@ void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.free(c.X);               // fc2
 }
 
+// One block's forward without a graph (CheckpointFunction::forward under NoGradGuard): the
+// LayerNorm statistics die with the call, matmul's head copies when it returns, every other
+// intermediate with its statement or scope; the output stays.
+void block_forward_nograd(Timeline& t, const Vit& v, const Chunk& c) {
+  const bool head_copies = c.n > 1 && v.h > 1, context_copy = v.h > 1;
+  t.alloc(c.X + 2 * c.S);  // ln1: Y1 (a temporary of the statement) and its statistics
+  t.free(2 * c.S);
+  t.alloc(3 * c.X);  // qkv
+  if (head_copies) t.alloc(2 * c.X);
+  t.alloc(c.A);  // q k^T
+  if (head_copies) t.free(2 * c.X);
+  t.alloc(kWrappedScalar + c.A);  // * scale
+  t.free(kWrappedScalar + c.A);   // the wrapped scale, the unscaled scores
+  t.alloc(c.A);                   // softmax
+  if (head_copies) t.alloc(c.X);  // P v: v's copy, the output
+  t.alloc(c.X);
+  if (head_copies) t.free(c.X);
+  t.free(2 * c.A);  // the scores and probabilities, at sdpa's return
+  if (context_copy) t.alloc(c.X);
+  t.alloc(c.X);                                       // out_proj
+  t.free((context_copy ? c.X : 0) + c.X + 3 * c.X);  // the context, attended, qkv
+  t.alloc(c.X);                                       // h = x + o
+  t.free(2 * c.X);                                    // o, Y1
+  t.alloc(c.X + 2 * c.S);  // ln2: Y2 and its statistics
+  t.free(2 * c.S);
+  t.alloc(2 * c.M + c.X);  // fc1, GELU, fc2
+  t.free(2 * c.M);
+  t.alloc(c.X);        // out = h + fc2
+  t.free(3 * c.X);     // fc2, Y2, h
+}
+
+// A block's parameters in block->parameters() order: ln1, qkv, out, ln2, fc1, fc2 (weight,
+// bias each), in elements.
+std::vector<int64_t> block_parameters(const Vit& v) {
+  return {v.d, v.d, 3 * v.d * v.d, 3 * v.d, v.d * v.d, v.d, v.d, v.d, v.m * v.d, v.m, v.d * v.m,
+          v.d};
+}
+
+void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink, bool nested);
+
+// A checkpointed block's backward (activation_checkpoint.cpp:67-102), from its output's
+// gradient: the RNG state the recompute replaces, the recompute with a graph, autograd::grad
+// (every parameter gradient captured until it returns); then the recomputed output, the output's
+// gradient and the saved input die. The node's outputs reach their buffers in order (with
+// chunks, each a new out-of-place sum replacing the old one) and die together afterwards, before
+// any AccumulateGrad runs.
+void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+  t.alloc(kCpuRngStateBytes);
+  block_forward(t, v, c);
+  t.free(kCpuRngStateBytes);
+  block_backward(t, v, c, Sinks{Sink::kKeep, false}, /*nested=*/true);
+  t.free(3 * c.X);
+  int64_t gradients = 0;
+  for (const int64_t n : block_parameters(v)) {
+    gradients += e * n;
+    if (sink.chunked && sink.sink != Sink::kKeep) {
+      t.alloc(e * n);  // the new sum
+      t.free(e * n);   // the old one
+    }
+  }
+  if (sink.sink == Sink::kAdd) t.free(gradients);  // the contributions (added, or summed)
+  // The contributions, then each AccumulateGrad adds its buffer's sum into the .grad.
+  if (sink.sink == Sink::kRelease) t.free(2 * gradients);
+}
+
 // One chunk's ViT and projector (vision_language_model.cpp:63-66); leaves the projector's
 // output (4 n I D) live.
 void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
@@ -153,7 +222,14 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.alloc(c.X);
   t.alloc(c.X);
   t.free(c.X);
-  for (int64_t i = 0; i < v.Lv; ++i) block_forward(t, v, c);
+  for (int64_t i = 0; i < v.Lv; ++i) {
+    if (v.checkpoint) {
+      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd(t, v, c);
+    } else {
+      block_forward(t, v, c);
+    }
+  }
   layer_norm_forward(t, c);  // the final LayerNorm's output, the features
   // The projector: the pixel shuffle's contiguous copy (kept by the linear; with a factor of
   // 1 the reshapes are views and the features themselves are kept), the linear's output; the
@@ -165,7 +241,11 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
 
 // One block's backward, from its output's gradient g (X, live, kept live: on return it is the
 // block input's gradient).
-void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+// `nested`: inside a checkpointed block's autograd::grad (its parameter gradients captured:
+// `sink` keeps them), where the block output's gradient g stays held by the outer node and the
+// block input is the checkpoint's (its gradient captured as an out-of-place sum).
+void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
+                    bool nested = false) {
   // out = h + fc2 passes g to both. fc2 (g stays: h's buffer shares it): GELU's output freed.
   linear_backward(t, c.M, v.m, v.d, c.X, false, c.M, sink);
   // GELU: its input's gradient; then fc2's input gradient and the kept fc1 output are freed.
@@ -173,9 +253,14 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
   t.free(2 * c.M);
   // fc1: Y2's gradient; its input gradient and Y2 freed.
   linear_backward(t, c.X, v.d, v.m, c.M, true, c.X, sink);
-  // ln2 (frees Y2's gradient, h, the statistics); dX is added into g in place.
+  // ln2 (frees Y2's gradient, h, the statistics); dX is summed with g into a new buffer, and
+  // both addends die (g lives on when the outer node holds it).
   layer_norm_backward(t, v, c, sink);
-  t.free(c.X);
+  if (nested) {
+    t.transient(c.X);
+  } else {
+    t.free(c.X);
+  }
   // h = x + o passes g on. out_proj: the context's gradient; the kept context freed.
   linear_backward(t, c.X, v.d, v.d, c.X, false, c.X, sink);
   // The context's views back to the attention output: reshaping the transposed gradient to
@@ -212,8 +297,9 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
   t.free(3 * c.X);
   // qkv_proj: Y1's gradient; the concatenated gradient and Y1 die.
   linear_backward(t, c.X, v.d, 3 * v.d, 3 * c.X, true, c.X, sink);
-  // ln1 (frees Y1's gradient, the block input, the statistics); dX added into g in place.
-  layer_norm_backward(t, v, c, sink);
+  // ln1 (frees Y1's gradient, the block input, the statistics); dX summed with g.
+  layer_norm_backward(t, v, c, sink, /*frees_input=*/!nested);
+  if (nested) t.transient(c.X);
   t.free(c.X);
 }
 
@@ -237,7 +323,13 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   // The final LayerNorm (frees the features' gradient, the last block's output, the
   // statistics); its dX is the last block's output gradient g.
   layer_norm_backward(t, v, c, sink);
-  for (int64_t i = v.Lv - 1; i >= 0; --i) block_backward(t, v, c, sink);
+  for (int64_t i = v.Lv - 1; i >= 0; --i) {
+    if (v.checkpoint) {
+      checkpointed_block_backward(t, v, c, sink);
+    } else {
+      block_backward(t, v, c, sink);
+    }
+  }
   // Patch embedding: x0 = linear + positions. The positions' gradient is g summed over the
   // crops (a new [1, P, d]). With one crop it is g itself, shared with the linear's branch, so
   // nothing can take it over: AccumulateGrad clones a first gradient and adds a later one in

@@ -56,7 +56,6 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   if (shape.crops > 0 && !(spec.vision.trainable && spec.projector.trainable)) {
     return "crops with a frozen vision tower or projector";
   }
-  if (shape.crops > 0 && spec.levers.checkpoint_vision) return "vision checkpointing";
   if (shape.supervised_tokens <= 0) return "no supervised token";
   if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {
     return "segment lengths unknown";

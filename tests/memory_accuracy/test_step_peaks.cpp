@@ -172,7 +172,6 @@ CATCH_TEST_CASE("memory model: step peaks of fp32 steps with crops, first and st
   sweep(47, 100, /*max_crops=*/8, [](ModelLevers& levers) {
     trained_decoder(levers);
     levers.freeze_vision = levers.freeze_projector = false;
-    levers.checkpoint_vision = false;
   });
 }
 
@@ -219,7 +218,9 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
   unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), images.shape);
   levers = ModelLevers{};
   levers.checkpoint_vision = true;
-  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), images.shape);
+  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
+                                 images.shape, true)
+                  .modelled);
   memory::BatchShape aggregates_only = text.shape;
   aggregates_only.segment_lengths.clear();
   unmodelled(fp32, aggregates_only);
@@ -240,7 +241,6 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
     const spec::ModelSpec dims = test::random_dims(rng);
     ModelLevers levers = test::random_levers(rng);
     levers.freeze_vision = levers.freeze_projector = false;
-    levers.checkpoint_vision = false;
     auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
     spec.threads = config % 2 + 1;
     torch::set_num_threads(static_cast<int>(spec.threads));
@@ -256,7 +256,7 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
                         << " m=" << dims.vision.mlp_size << " L=" << dims.vision.num_layers
                         << " shuffle=" << dims.projector.pixel_shuffle << " | crops "
                         << shape.crops << " chunk " << levers.vision_chunk_crops << " threads "
-                        << spec.threads);
+                        << spec.threads << " checkpoint " << levers.checkpoint_vision);
     for (const bool first : {true, false}) {
       CATCH_INFO((first ? "first step" : "second step"));
       int64_t base = tracker.live_bytes();

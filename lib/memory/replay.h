@@ -60,6 +60,7 @@ struct Vit {
   int64_t crops, chunk, P, d, m, h, Lv, patch_values, I, Dp, D, threads;
   bool shuffle_copies;
   bool checkpoint;  // model.checkpoint_vision: every block checkpointed
+  bool vision_trained, projector_trained;
   std::vector<int64_t> chunks() const;  // crops per chunk, in forward order
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);

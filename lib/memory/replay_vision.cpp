@@ -35,7 +35,9 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
              // The shuffle's permute moves data only when both the factor and the output grid
              // exceed 1.
              s > 1 && spec::image_tokens_per_crop(spec.dims) > 1,
-             spec.levers.checkpoint_vision};
+             spec.levers.checkpoint_vision,
+             spec.vision.trainable,
+             spec.projector.trainable};
 }
 
 namespace {
@@ -215,28 +217,40 @@ void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, cons
 // One chunk's ViT and projector (vision_language_model.cpp:63-66); leaves the projector's
 // output (4 n I D) live.
 void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
+  const int64_t patches = e * c.n * v.P * v.patch_values, images = e * c.n * v.I * v.D;
   // Patch embedding (vision_transformer.cpp:45-58): the patches (a contiguous copy, kept by
   // the linear for the kernel's gradient), the linear's output, the positions added; the
-  // linear's output dies with the statement.
-  t.alloc(e * c.n * v.P * v.patch_values);
-  t.alloc(c.X);
-  t.alloc(c.X);
+  // linear's output dies with the statement (a frozen ViT: the patches at return too).
+  t.alloc(patches + c.X + c.X);
   t.free(c.X);
+  if (!v.vision_trained) t.free(patches);
   for (int64_t i = 0; i < v.Lv; ++i) {
-    if (v.checkpoint) {
+    if (!v.vision_trained) {
+      // No graph (checkpointed() runs the block as it is): the block's temporaries, and its
+      // input once `x` is reassigned.
+      block_forward_nograd(t, v, c);
+      t.free(c.X);
+    } else if (v.checkpoint) {
       t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
       block_forward_nograd(t, v, c);
     } else {
       block_forward(t, v, c);
     }
   }
-  layer_norm_forward(t, c);  // the final LayerNorm's output, the features
-  // The projector: the pixel shuffle's contiguous copy (kept by the linear; with a factor of
-  // 1 the reshapes are views and the features themselves are kept), the linear's output; the
-  // features die when the encode lambda returns.
+  if (v.vision_trained) {
+    layer_norm_forward(t, c);  // the final LayerNorm's output (the features), its statistics
+  } else {
+    t.alloc(c.X + 2 * c.S);  // the statistics die with the call, the last block's output at
+    t.free(2 * c.S + c.X);   // the ViT's return
+  }
+  // The projector: the pixel shuffle's contiguous copy (kept by the linear when its weight is
+  // trained; with a factor of 1 the reshapes are views and the features themselves are kept),
+  // the linear's output. The copy dies with the statement when nothing keeps it, the features
+  // when the encode lambda returns unless kept.
   if (v.shuffle_copies) t.alloc(c.X);
-  t.alloc(e * c.n * v.I * v.D);
-  if (v.shuffle_copies) t.free(c.X);
+  t.alloc(images);
+  if (v.shuffle_copies && !v.projector_trained) t.free(c.X);
+  if (v.shuffle_copies || !v.projector_trained) t.free(c.X);
 }
 
 // One block's backward, from its output's gradient g (X, live, kept live: on return it is the
@@ -308,12 +322,15 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
 // chunk).
 void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient,
                     bool last, const Sinks& sink) {
-  // Projector (mm without bias): the shuffled features' gradient and the weight's; then the
-  // image gradient (if this holds its last view) and the kept shuffle copy (or the features).
-  t.alloc(c.X + e * v.Dp * v.D);
+  // Projector (mm without bias): the shuffled features' gradient (a trained ViT) and the
+  // weight's (a trained projector); then the image gradient (if this holds its last view) and
+  // the kept shuffle copy (or the features; kept only for the weight's gradient).
+  const int64_t weight = v.projector_trained ? e * v.Dp * v.D : 0;
+  t.alloc((v.vision_trained ? c.X : 0) + weight);
   if (last) t.free(image_gradient);
-  t.free(c.X);
-  accumulate(t, e * v.Dp * v.D, sink);
+  if (v.projector_trained) t.free(c.X);
+  if (v.projector_trained) accumulate(t, weight, sink);
+  if (!v.vision_trained) return;
   // The shuffle's permute backward leaves a permuted gradient that the features' reshape
   // copies (a factor of 1: views only).
   if (v.shuffle_copies) {

@@ -53,8 +53,9 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   if (spec.precision != ComputePrecision::kFp32) return "bf16 autocast";
   if (!spec.language.trainable) return "frozen language model";
   if (!spec.dims.language.tie_embeddings) return "untied LM head";
-  if (shape.crops > 0 && !(spec.vision.trainable && spec.projector.trainable)) {
-    return "crops with a frozen vision tower or projector";
+  if (shape.crops > 0 && ((!spec.vision.trainable && spec.vision.parameter_bytes != 4) ||
+                          (!spec.projector.trainable && spec.projector.parameter_bytes != 4))) {
+    return "crops with the vision tower or projector frozen in bf16";
   }
   if (shape.supervised_tokens <= 0) return "no supervised token";
   if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {
@@ -85,10 +86,13 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   // index_copy writes the image embeddings into a copy of the token embeddings, which die.
   Timeline forward;
   forward.alloc(hidden);
+  // Without a trained module on the image path its embeddings need no gradient: index_copy
+  // keeps nothing of them, and they die with input_embeddings.
+  const bool image_graph = spec.vision.trainable || spec.projector.trainable;
   if (crops) {
     replay::vision_forward(forward, v);
     forward.alloc(hidden);
-    forward.free(hidden);
+    forward.free(hidden + (image_graph ? 0 : images));
   }
   replay::language_forward(forward, x);
   p.forward = forward.peak;
@@ -100,10 +104,13 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   Timeline backward;
   backward.alloc(forward.live);
   replay::language_backward(backward, x, first_step);
-  if (crops) {
+  if (crops && image_graph) {
     backward.alloc(hidden + images);
     backward.free(hidden + images);
     replay::vision_backward(backward, v, first_step);
+  } else if (crops) {
+    backward.alloc(hidden);  // index_fill only
+    backward.free(hidden);
   }
   replay::embedding_backward(backward, x, first_step);
   p.backward = backward.peak;

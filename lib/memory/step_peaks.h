@@ -14,9 +14,9 @@
 //     loss chunked (loss_chunk_tokens: each chunk checkpointed) or not;
 //   - a tied head (the presets'): its gradient waits in the embedding's AccumulateGrad buffer
 //     for the whole backward; an untied head's node order was not measured;
-//   - crops with a trained ViT and projector, checkpointed (checkpoint_vision) or not, in
-//     chunks of any vision_chunk_crops (a text-only batch runs neither: their parameters get no
-//     gradient);
+//   - crops with the ViT and the projector trained or frozen in fp32 storage, the ViT
+//     checkpointed (checkpoint_vision) or not, in chunks of any vision_chunk_crops (a text-only
+//     batch runs neither: their parameters get no gradient);
 //   - at least one supervised token, and the segment lengths in cu_seqlens order
 //     (BatchShape::segment_lengths, filled by BatchShape::from_segments);
 //   - MemorySpec::threads, the intra-op threads (LayerNorm's backward buffer).

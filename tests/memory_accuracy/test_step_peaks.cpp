@@ -169,9 +169,10 @@ CATCH_TEST_CASE("memory model: step peaks of fp32 text steps, first and steady, 
 }
 
 CATCH_TEST_CASE("memory model: step peaks of fp32 steps with crops, first and steady, to the byte") {
+  // The ViT and the projector trained or frozen (fp32 storage; bf16 is not modelled yet).
   sweep(47, 100, /*max_crops=*/8, [](ModelLevers& levers) {
     trained_decoder(levers);
-    levers.freeze_vision = levers.freeze_projector = false;
+    levers.frozen_dtype = "fp32";
   });
 }
 
@@ -215,7 +216,12 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
   CATCH_CHECK(memory::step_peaks(fp32, images.shape, true).modelled);
   levers = ModelLevers{};
   levers.freeze_vision = true;
+  levers.frozen_dtype = "bf16";
   unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), images.shape);
+  levers.frozen_dtype = "fp32";
+  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
+                                 images.shape, true)
+                  .modelled);
   levers = ModelLevers{};
   levers.checkpoint_vision = true;
   CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
@@ -240,7 +246,9 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
   for (int config = 0; config < 80; ++config) {
     const spec::ModelSpec dims = test::random_dims(rng);
     ModelLevers levers = test::random_levers(rng);
-    levers.freeze_vision = levers.freeze_projector = false;
+    // One of the two may be frozen (fp32 storage): with both frozen nothing has a gradient.
+    if (levers.freeze_vision) levers.freeze_projector = false;
+    levers.frozen_dtype = "fp32";
     auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
     spec.threads = config % 2 + 1;
     torch::set_num_threads(static_cast<int>(spec.threads));
@@ -256,7 +264,8 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
                         << " m=" << dims.vision.mlp_size << " L=" << dims.vision.num_layers
                         << " shuffle=" << dims.projector.pixel_shuffle << " | crops "
                         << shape.crops << " chunk " << levers.vision_chunk_crops << " threads "
-                        << spec.threads << " checkpoint " << levers.checkpoint_vision);
+                        << spec.threads << " checkpoint " << levers.checkpoint_vision
+                        << " frozen v/p " << levers.freeze_vision << levers.freeze_projector);
     for (const bool first : {true, false}) {
       CATCH_INFO((first ? "first step" : "second step"));
       int64_t base = tracker.live_bytes();

@@ -46,6 +46,7 @@ struct Lm {
   bool tied;
   std::vector<int64_t> segments;
   bool checkpoint = false;  // model.checkpoint_language: every block checkpointed
+  bool frozen = false;      // the decoder is frozen (fp32 storage): no weight gradients
   // Supervised rows per checkpointed loss chunk (model.loss_chunk_tokens), in order; empty when
   // the loss runs unchunked (no chunking, or Ns <= loss_chunk_tokens).
   std::vector<int64_t> loss_chunks;

@@ -22,6 +22,7 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
             l.tie_embeddings,
             b.segment_lengths,
             spec.levers.checkpoint_language,
+            !spec.language.trainable,
             {}};
   const int64_t C = spec.levers.loss_chunk_tokens;
   if (C > 0 && b.supervised_tokens > C) {
@@ -89,6 +90,59 @@ void block_forward(Timeline& t, const Lm& x) {
   t.alloc(hidden);   // down
   t.alloc(hidden);   // out = h + down (:109), kept by the next norm
   t.free(hidden);    // down
+}
+
+// RMSNorm forward with a frozen weight (a gradient still flows through it): x^2 and rsqrt kept
+// as when trained, but n (x * r) is kept by nobody (the frozen weight's product keeps the
+// weight only) and dies at return; y is kept by nobody either.
+void rms_norm_forward_frozen(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, row = e * x.N;
+  t.alloc(hidden + row);  // x^2 (kept), its mean
+  t.alloc(kWrappedScalar + row);
+  t.free(kWrappedScalar);
+  t.alloc(row + hidden);  // rsqrt (kept), n
+  t.free(2 * row);        // mean, mean + eps
+  t.alloc(hidden);        // y = n * w
+  t.free(hidden);         // n
+}
+
+// One decoder block with frozen weights, a gradient flowing through it to a trained image
+// path: the linears keep only their weights, so their inputs (y1, the context, y2, the
+// product) die with their statements; the rest is kept as when trained.
+void block_forward_frozen(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
+  const bool gqa = x.Hkv < x.Hq;
+  rms_norm_forward_frozen(t, x);  // y1, a temporary of the statement
+  for (const int64_t width : {hidden, kv}) {  // q, k: as without a graph (the muls keep c, s)
+    t.alloc(width + width / 2 + width);
+    t.free(width / 2);
+    t.alloc(3 * width);
+    t.free(3 * width);
+    t.free(width);
+  }
+  t.alloc(kv);  // v
+  if (gqa) {
+    t.alloc(2 * (hidden + 8 * x.Hq));
+    if (x.B > 1) t.alloc(2 * hidden);
+  }
+  for (const int64_t L : x.segments) {
+    const int64_t out = e * x.Hq * L * x.hd;
+    t.transient(2 * L * L + 8 * x.Hq * L * L + out);
+    t.alloc(e * x.Hq * L * L + L * L + out);
+  }
+  t.alloc(hidden);  // torch::cat(outputs)
+  t.free(hidden);   // the outputs
+  if (gqa && x.B > 1) t.free(2 * hidden);  // keys, values
+  t.alloc(2 * hidden);                     // the context, out_proj
+  t.free(2 * hidden);                      // the context (kept by nobody), attended
+  if (gqa) t.free(2 * kv);                 // k and v
+  t.alloc(hidden);                         // h = x + o, kept by norm2
+  t.free(2 * hidden);                      // o, y1
+  rms_norm_forward_frozen(t, x);           // y2
+  t.alloc(4 * mlp + hidden);  // up, gate, silu (kept), the product, down
+  t.free(mlp);                // the product
+  t.alloc(hidden);            // out = h + down, kept by the next norm
+  t.free(2 * hidden);         // down, y2
 }
 
 // RMSNorm forward without a graph (inside a checkpointed block's forward): x^2, its mean, the
@@ -162,11 +216,16 @@ void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
                        bool checkpoint_input = false, bool holds_incoming = false) {
   const int64_t hidden = e * x.N * x.D, row = e * x.N, weight = e * x.D;
   // MulBackward0 (n * w): grad * w first, then grad * n summed to [D] (both live for a moment).
+  // A frozen weight: grad * w alone (n was not kept).
   t.alloc(hidden);
-  t.transient(hidden + weight);
-  t.alloc(weight);
-  t.free(hidden + hidden);  // its input gradient and the kept n
-  accumulate_grad(t, weight, first_step);
+  if (x.frozen) {
+    t.free(hidden);  // its input gradient
+  } else {
+    t.transient(hidden + weight);
+    t.alloc(weight);
+    t.free(hidden + hidden);  // its input gradient and the kept n
+    accumulate_grad(t, weight, first_step);
+  }
   // MulBackward0 (x * r): grad * r, then grad * x summed to [N, 1].
   t.alloc(hidden);
   t.transient(hidden + row);
@@ -207,11 +266,14 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
   const bool keep = first_step || nested;  // nested: autograd::grad captures the gradients
   const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
+  // A frozen decoder computes no weight gradient and kept no linear input (y1, the context,
+  // y2, the product): the weights' bytes and those releases are 0.
+  const int64_t w = x.frozen ? 0 : e, kept_input = x.frozen ? 0 : 1;
   // MLP (:95). AddBackward0 (out = h + down) hands g to both h and down, allocating nothing.
   // down's MmBackward0: grad of the product (4NF) and of W_down; the product is released.
-  t.alloc(mlp + e * x.D * x.F);
-  t.free(mlp);
-  accumulate_grad(t, e * x.D * x.F, keep);
+  t.alloc(mlp + w * x.D * x.F);
+  t.free(kept_input * mlp);
+  accumulate_grad(t, w * x.D * x.F, keep);
   // MulBackward0 (silu * up): both factors' gradients; then its input gradient and the kept
   // silu output and up projection are freed.
   t.alloc(2 * mlp);
@@ -222,19 +284,19 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
   // up's and gate's MmBackward0: y2's gradient (4ND) and the weight's; then their input
   // gradients; after the second, y2 is released and the two y2 gradients are summed in place.
   for (int k = 0; k < 2; ++k) {
-    t.alloc(hidden + e * x.D * x.F);
+    t.alloc(hidden + w * x.D * x.F);
     t.free(mlp);
-    accumulate_grad(t, e * x.D * x.F, keep);
+    accumulate_grad(t, w * x.D * x.F, keep);
   }
-  t.free(hidden + hidden);
+  t.free(kept_input * hidden + hidden);
   // norm2 (:109), into h's gradient buffer (g, which h's add passed on).
   rms_norm_backward(t, x, first_step || nested, /*residual=*/true, /*checkpoint_input=*/false,
                     /*holds_incoming=*/nested);
   // AddBackward0 (h = x + o) passes g on. out_proj's MmBackward0: the context's gradient dC
   // (4ND) and W_o's; the kept context is released.
-  t.alloc(hidden + e * x.D * x.D);
-  t.free(hidden);
-  accumulate_grad(t, e * x.D * x.D, keep);
+  t.alloc(hidden + w * x.D * x.D);
+  t.free(kept_input * hidden);
+  accumulate_grad(t, w * x.D * x.D, keep);
   // The views back to the cat (packed_attention.cpp:83) are free: each segment's output
   // gradient is a narrow view of dC, which lives until the first segment's P @ V backward.
   // Segments run last first. Per segment: P @ V's BmmBackward0 (dP, dV_i), SoftmaxBackward0,
@@ -282,15 +344,15 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
   }
   t.alloc(kv);  // view copy
   t.free(kv);   // v's gradient (flat at g == 1, index_select's at g > 1)
-  t.alloc(hidden + e * x.D * x.Dkv);
+  t.alloc(hidden + w * x.D * x.Dkv);
   t.free(kv);
-  accumulate_grad(t, e * x.D * x.Dkv, keep);
+  accumulate_grad(t, w * x.D * x.Dkv, keep);
   // k then q: RoPE's backward (:57): grad * s, grad * c, then the incoming gradient is freed;
   // rotate_half's NegBackward0 (half width) and SplitBackward0 (a cat, full width); then
   // those are freed but the sum; the view copy; the projection's MmBackward0; y1's gradients
   // summed in place. Block 0's q muls are the last to keep RoPE's cos and sin (4N hd each).
   for (const bool q : {false, true}) {
-    const int64_t width = q ? hidden : kv, weight = e * x.D * (q ? x.D : x.Dkv);
+    const int64_t width = q ? hidden : kv, weight = w * x.D * (q ? x.D : x.Dkv);
     const bool frees_tables = q && first_block;
     t.alloc(width);                            // grad * s
     if (frees_tables) t.free(e * x.N * x.hd);  // sin
@@ -304,7 +366,7 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
     t.free(width);
     t.alloc(hidden + weight);
     t.free(width);
-    if (q) t.free(hidden);  // y1, released by its last user (q_proj)
+    if (q) t.free(kept_input * hidden);  // y1, released by its last user (q_proj)
     t.free(hidden);         // y1's gradient, summed in place
     accumulate_grad(t, weight, keep);
   }
@@ -318,9 +380,14 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
 // it returns (captured, not accumulated); the block input is the checkpoint's, released after.
 void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step) {
   const int64_t hidden = e * x.N * x.D;
-  const int64_t parameters = e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
+  const int64_t parameters =
+      x.frozen ? 0 : e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
   t.alloc(kCpuRngStateBytes);
-  block_forward(t, x);
+  if (x.frozen) {
+    block_forward_frozen(t, x);
+  } else {
+    block_forward(t, x);
+  }
   t.free(kCpuRngStateBytes);
   block_backward(t, x, first_step, /*first_block=*/false, /*nested=*/true);
   t.free(hidden);  // the recomputed output
@@ -342,7 +409,8 @@ void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step) {
 // zeros [N, D] (4ND); the rows' gradient and the positions die, and the two gradients of the
 // final norm's output are summed out of place.
 void chunked_loss_backward(Timeline& t, const Lm& x) {
-  const int64_t head = e * x.V * x.D, hidden = e * x.N * x.D, rows = e * x.Ns * x.D;
+  const int64_t head = x.frozen ? 0 : e * x.V * x.D, hidden = e * x.N * x.D,
+                rows = e * x.Ns * x.D;
   for (size_t k = x.loss_chunks.size(); k-- > 0;) {
     const int64_t logits = e * x.loss_chunks[k] * x.V, chunk_rows = e * x.loss_chunks[k] * x.D;
     const bool first_processed = k + 1 == x.loss_chunks.size();
@@ -406,13 +474,19 @@ void language_forward(Timeline& t, const Lm& x) {
     if (x.checkpoint) {
       t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
       block_forward_nograd(t, x);
+    } else if (x.frozen) {
+      block_forward_frozen(t, x);
     } else {
       block_forward(t, x);
     }
   }
   // Final RMSNorm (language_model.cpp:147): sq, r and n kept; `hidden` lives until
   // forward_embeddings returns (vision_language_model.cpp:103-107), through the loss.
-  rms_norm_forward(t, x);
+  if (x.frozen) {
+    rms_norm_forward_frozen(t, x);
+  } else {
+    rms_norm_forward(t, x);
+  }
   // Loss (token_loss.cpp:23-36): the supervised mask (bool, until return), the positions and
   // targets (int64, kept), the rows (kept by the head's mm), the zero loss (4 B, replaced at
   // :35) and the count (int64); then logits and log-probabilities together (the logits local
@@ -433,6 +507,7 @@ void language_forward(Timeline& t, const Lm& x) {
     t.alloc(4 + 4);           // loss, total weight
     t.free(e * x.Ns * x.V);   // logits
     t.free(4);                // the zero loss, replaced
+    if (x.frozen) t.free(e * x.Ns * x.D);  // the rows, kept by nobody (a frozen head)
   } else {
     // Each chunk is checkpointed (token_loss.cpp:38-47): the CPU generator's state is kept;
     // the cross-entropy runs without a graph, so its logits, log-probabilities and total
@@ -455,6 +530,7 @@ void language_forward(Timeline& t, const Lm& x) {
 // shares, every block's two norm weights, the final norm).
 std::vector<int64_t> language_parameters(const Lm& x) {
   std::vector<int64_t> numel;
+  if (x.frozen) return numel;
   for (int64_t i = 0; i < x.Ll; ++i) {
     for (const int64_t n :
          {x.F * x.D, x.F * x.D, x.D * x.F, x.D * x.D, x.Dkv * x.D, x.Dkv * x.D, x.D * x.D}) {
@@ -489,8 +565,8 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
     // TBackward0); then the logits' gradient and the kept rows are freed. The tied head's
     // gradient waits in the embedding's AccumulateGrad input buffer, which runs only after
     // EmbeddingBackward0, the last node: 4VD held through the whole backward.
-    t.alloc(rows + head);
-    t.free(logits + rows);
+    t.alloc(rows + (x.frozen ? 0 : head));
+    t.free(logits + (x.frozen ? 0 : rows));
     // IndexSelectBackward0 (token_loss.cpp:26): zeros [N, D] + index_add; then the rows'
     // gradient and the positions (int64) are freed.
     t.alloc(hidden);

@@ -51,7 +51,13 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   const int64_t segment_total =
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
   if (spec.precision != ComputePrecision::kFp32) return "bf16 autocast";
-  if (!spec.language.trainable) return "frozen language model";
+  if (!spec.language.trainable && spec.language.parameter_bytes != 4) {
+    return "a decoder frozen in bf16 storage";
+  }
+  if (!spec.language.trainable &&
+      (shape.crops == 0 || !(spec.vision.trainable || spec.projector.trainable))) {
+    return "a frozen decoder with no trained module before it (no graph)";
+  }
   if (!spec.dims.language.tie_embeddings) return "untied LM head";
   if (shape.crops > 0 && ((!spec.vision.trainable && spec.vision.parameter_bytes != 4) ||
                           (!spec.projector.trainable && spec.projector.parameter_bytes != 4))) {
@@ -104,15 +110,18 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   Timeline backward;
   backward.alloc(forward.live);
   replay::language_backward(backward, x, first_step);
+  // A frozen decoder's token embeddings need no gradient: index_select (the image embeddings'
+  // gradient) only, and no EmbeddingBackward0.
+  const int64_t token_gradient = x.frozen ? 0 : hidden;
   if (crops && image_graph) {
-    backward.alloc(hidden + images);
+    backward.alloc(token_gradient + images);
     backward.free(hidden + images);
     replay::vision_backward(backward, v, first_step);
   } else if (crops) {
     backward.alloc(hidden);  // index_fill only
     backward.free(hidden);
   }
-  replay::embedding_backward(backward, x, first_step);
+  if (!x.frozen) replay::embedding_backward(backward, x, first_step);
   p.backward = backward.peak;
 
   // AdamW: the image path's parameters have a gradient once a step with crops has run (the

@@ -10,8 +10,9 @@
 //
 // What is modelled (else `modelled` is false and `why_not` says what is missing; the numbers
 // are then 0, never an estimate):
-//   - fp32 compute, a trained language model, checkpointed (checkpoint_language) or not, the
-//     loss chunked (loss_chunk_tokens: each chunk checkpointed) or not;
+//   - fp32 compute; the language model trained, or frozen in fp32 storage with a trained
+//     module before it on a batch with crops (else there is no graph); checkpointed
+//     (checkpoint_language) or not; the loss chunked (loss_chunk_tokens) or not;
 //   - a tied head (the presets'): its gradient waits in the embedding's AccumulateGrad buffer
 //     for the whole backward; an untied head's node order was not measured;
 //   - crops with the ViT and the projector trained or frozen in fp32 storage, the ViT

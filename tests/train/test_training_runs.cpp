@@ -404,7 +404,8 @@ CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 varian
         "--set train.batch_size=1 --set train.gradient_accumulation_steps=3",
         "--set train.preflight=false --set model.loss_chunk_tokens=40",
         "--set model.checkpoint_language=true --set model.checkpoint_vision=true",
-        "--set model.freeze_vision=true --set model.vision_chunk_crops=2"}) {
+        "--set model.freeze_vision=true --set model.vision_chunk_crops=2",
+        "--set model.freeze_vision=true --set model.freeze_language=true"}) {
     CATCH_INFO("variant: " << variant);
     TempDir out;
     require_ok(run_vlmtrain(run_args(out.path(), variant)));

@@ -68,6 +68,12 @@ struct Errors {
     std::printf("step peaks, %-18s %3d/%zu exact, |error| median %.4f%%, max %.4f%%\n", phase,
                 exact, a.size(), a.empty() ? 0.0 : 100 * a[a.size() / 2],
                 a.empty() ? 0.0 : 100 * a.back());
+    // Issue 11's contract (each case above also checks the bytes themselves, a stricter test).
+    CATCH_CHECK(a.size() >= 80);
+    if (!a.empty()) {
+      CATCH_CHECK(a[a.size() / 2] <= 0.002);
+      CATCH_CHECK(a.back() <= 0.01);
+    }
   }
 };
 

@@ -408,7 +408,7 @@ void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step) {
 // gradient to the final norm before IndexSelectBackward0 scatters the rows' gradient into
 // zeros [N, D] (4ND); the rows' gradient and the positions die, and the two gradients of the
 // final norm's output are summed out of place.
-void chunked_loss_backward(Timeline& t, const Lm& x) {
+void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
   const int64_t head = x.frozen ? 0 : e * x.V * x.D, hidden = e * x.N * x.D,
                 rows = e * x.Ns * x.D;
   for (size_t k = x.loss_chunks.size(); k-- > 0;) {
@@ -433,6 +433,8 @@ void chunked_loss_backward(Timeline& t, const Lm& x) {
       t.transient(head);
       t.free(head);
     }
+    // An untied head's AccumulateGrad runs once the last chunk's gradient is in its buffer.
+    if (k == 0 && !x.tied && !x.frozen) accumulate_grad(t, head, first_step);
     t.alloc(rows);  // SliceBackward0
     t.free(chunk_rows);
     if (!first_processed) {
@@ -567,12 +569,14 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
     // EmbeddingBackward0, the last node: 4VD held through the whole backward.
     t.alloc(rows + (x.frozen ? 0 : head));
     t.free(logits + (x.frozen ? 0 : rows));
+    // An untied head's gradient reaches its own AccumulateGrad at once.
+    if (!x.tied && !x.frozen) accumulate_grad(t, head, first_step);
     // IndexSelectBackward0 (token_loss.cpp:26): zeros [N, D] + index_add; then the rows'
     // gradient and the positions (int64) are freed.
     t.alloc(hidden);
     t.free(rows + 8 * x.Ns);
   } else {
-    chunked_loss_backward(t, x);
+    chunked_loss_backward(t, x, first_step);
   }
   // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
   // this norm only. Then the blocks, last first; each ends with its input's gradient live.
@@ -586,18 +590,19 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
   }
 }
 
-// Now live: the gradients stolen so far (first step), the head's buffered gradient, the
+// Now live: the gradients stolen so far (first step), a tied head's buffered gradient, the
 // token embeddings' gradient, the forward's outputs (12 B) and NLL's 4 B root gradient buffer.
 // EmbeddingBackward0 (runs last): zeros [V, D] + index_add; its input is freed; the engine's
-// InputBuffer then adds it to the buffered head gradient (a transposed view, so not in
-// place): three V x D tensors at once. AccumulateGrad then steals the sum (first step) or adds
-// it in place.
+// InputBuffer then adds it to a tied head's buffered gradient (out of place): three V x D
+// tensors at once. AccumulateGrad then steals the result (first step) or adds it in place.
 void embedding_backward(Timeline& t, const Lm& x, bool first_step) {
   const int64_t head = e * x.V * x.D, hidden = e * x.N * x.D;
   t.alloc(head);
   t.free(hidden);
-  t.alloc(head);
-  t.free(2 * head);
+  if (x.tied) {
+    t.alloc(head);
+    t.free(2 * head);
+  }
   accumulate_grad(t, head, first_step);
 }
 

@@ -58,7 +58,6 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
       (shape.crops == 0 || !(spec.vision.trainable || spec.projector.trainable))) {
     return "a frozen decoder with no trained module before it (no graph)";
   }
-  if (!spec.dims.language.tie_embeddings) return "untied LM head";
   if (shape.crops > 0 && ((!spec.vision.trainable && spec.vision.parameter_bytes != 4) ||
                           (!spec.projector.trainable && spec.projector.parameter_bytes != 4))) {
     return "crops with the vision tower or projector frozen in bf16";

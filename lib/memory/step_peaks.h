@@ -13,8 +13,8 @@
 //   - fp32 compute; the language model trained, or frozen in fp32 storage with a trained
 //     module before it on a batch with crops (else there is no graph); checkpointed
 //     (checkpoint_language) or not; the loss chunked (loss_chunk_tokens) or not;
-//   - a tied head (the presets'): its gradient waits in the embedding's AccumulateGrad buffer
-//     for the whole backward; an untied head's node order was not measured;
+//   - a tied head (the presets'; its gradient waits in the embedding's AccumulateGrad buffer
+//     for the whole backward) or an untied one (its own AccumulateGrad at once);
 //   - crops with the ViT and the projector trained or frozen in fp32 storage, the ViT
 //     checkpointed (checkpoint_vision) or not, in chunks of any vision_chunk_crops (a text-only
 //     batch runs neither: their parameters get no gradient);

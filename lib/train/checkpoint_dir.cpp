@@ -335,9 +335,11 @@ std::vector<CheckpointInfo> list_checkpoints(const fs::path& checkpoints_dir,
   return complete;
 }
 
-std::optional<CheckpointInfo> newest_valid_checkpoint(const fs::path& checkpoints_dir) {
+std::optional<CheckpointInfo> newest_valid_checkpoint(const fs::path& checkpoints_dir,
+                                                     std::optional<int64_t> before_step) {
   const auto dirs = step_dirs(checkpoints_dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (before_step && it->step >= *before_step) continue;
     Verdict verdict = verify_checkpoint(it->path, it->step, CheckpointVerify::kFull);
     if (verdict.info) return verdict.info;
     warn_skipped(it->path, verdict.reason);

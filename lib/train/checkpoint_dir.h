@@ -104,9 +104,12 @@ class CheckpointWriter {
 std::vector<CheckpointInfo> list_checkpoints(const std::filesystem::path& checkpoints_dir,
                                              CheckpointVerify verify = CheckpointVerify::kFull);
 
-// The newest complete checkpoint (fully verified), or nullopt. Verifies from the newest down
-// and stops at the first good one, so it reads only what it must.
-std::optional<CheckpointInfo> newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir);
+// The newest complete checkpoint (fully verified), or nullopt; with `before_step`, the newest
+// one older than that step. Verifies from the newest down and stops at the first good one, so
+// it reads only what it must.
+std::optional<CheckpointInfo> newest_valid_checkpoint(
+    const std::filesystem::path& checkpoints_dir,
+    std::optional<int64_t> before_step = std::nullopt);
 
 struct PruneResult {
   std::vector<std::filesystem::path> removed;  // checkpoint and stale tmp directories deleted

@@ -1,6 +1,7 @@
 #include "train/run_state.h"
 
 #include <cmath>
+#include <stdexcept>
 
 namespace vlm::train {
 
@@ -24,6 +25,12 @@ nlohmann::json to_json(const TrainerState& s) {
 
 TrainerState trainer_state_from_json(const nlohmann::json& j) {
   TrainerState s;
+  // Every field is checked against what a run can have written: a hand-edited or foreign
+  // state is refused here, by name, before anything reads it.
+  const auto field_error = [](const std::string& name, const nlohmann::json& value) {
+    return std::invalid_argument("trainer state field \"" + name + "\" is out of range: " +
+                                 value.dump());
+  };
   s.run.step = j.at("step").get<int64_t>();
   s.run.skipped_steps = j.at("skipped_steps").get<int64_t>();
   s.run.consecutive_nonfinite = j.at("consecutive_nonfinite").get<int64_t>();
@@ -36,6 +43,18 @@ TrainerState trainer_state_from_json(const nlohmann::json& j) {
   s.data_cursor = j.at("data_cursor");
   s.loss_scaler = j.at("loss_scaler");
   s.cpu_rng_state = j.at("cpu_rng_state").get<std::vector<uint8_t>>();
+  const RunState& r = s.run;
+  if (r.step < 0) throw field_error("step", j.at("step"));
+  if (r.skipped_steps < 0 || r.skipped_steps > r.step) {
+    throw field_error("skipped_steps", j.at("skipped_steps"));
+  }
+  if (r.consecutive_nonfinite < 0 || r.consecutive_nonfinite > r.step) {
+    throw field_error("consecutive_nonfinite", j.at("consecutive_nonfinite"));
+  }
+  if (!(r.split_cost_cap > 0)) throw field_error("split_cost_cap", j.at("split_cost_cap"));
+  if (r.clean_steps < 0) throw field_error("clean_steps", j.at("clean_steps"));
+  if (s.world_size < 1) throw field_error("world_size", j.at("world_size"));
+  if (!s.data_cursor.is_object()) throw field_error("data_cursor", j.at("data_cursor"));
   return s;
 }
 

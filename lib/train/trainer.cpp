@@ -170,13 +170,14 @@ void Trainer::save_checkpoint() {
 
 void Trainer::resume_if_possible() {
   if (config_.output.resume == "never") return;
-  const auto saved = resume_training_checkpoint(run_dir_, dist_.world_size, checkpoint_contents());
+  const auto saved =
+      resume_training_checkpoint(run_dir_, dist_.world_size, checkpoint_contents(),
+                                 [&](const nlohmann::json& cursor) { pipeline_->restore(cursor); });
   if (!saved) return;
   state_ = saved->run;
   optimizer_state_ready_ = state_.step > 0;
   if (scaler_ && !saved->loss_scaler.is_null()) scaler_->load_state(saved->loss_scaler);
   cursor_ = saved->data_cursor;
-  pipeline_->restore(cursor_);
 }
 
 // --- one step -------------------------------------------------------------------------------

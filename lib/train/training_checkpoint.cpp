@@ -58,11 +58,11 @@ void save_training_checkpoint(const fs::path& run_dir, TrainerState state,
   spdlog::info("checkpoint: step {} saved to {}", step, (dir / checkpoint_dir_name(step)).string());
 }
 
-std::optional<TrainerState> resume_training_checkpoint(const fs::path& run_dir, int world_size,
-                                                       const CheckpointContents& c) {
-  const auto checkpoint = newest_valid_checkpoint(checkpoints_dir(run_dir));
-  if (!checkpoint) return std::nullopt;
-  const fs::path dir = checkpoint->path;
+namespace {
+
+// Loads one checkpoint; throws (with the reason) when any part of it cannot be used.
+TrainerState load_checkpoint(const fs::path& dir, int world_size, const CheckpointContents& c,
+                             const std::function<void(const nlohmann::json&)>& restore_data) {
   nlohmann::json json;
   std::ifstream(dir / "trainer_state.json") >> json;
   TrainerState state = trainer_state_from_json(json);
@@ -83,9 +83,38 @@ std::optional<TrainerState> resume_training_checkpoint(const fs::path& run_dir, 
     for (auto& item : c.model->named_parameters()) item.value().copy_(weights.at(item.key()));
   }
   c.optimizer.load(dir / "optimizer.pt");
+  restore_data(state.data_cursor);
   restore_cpu_rng(state.cpu_rng_state);
-  spdlog::info("resumed from {} (step {})", dir.string(), state.run.step);
   return state;
+}
+
+}  // namespace
+
+std::optional<TrainerState> resume_training_checkpoint(
+    const fs::path& run_dir, int world_size, const CheckpointContents& c,
+    const std::function<void(const nlohmann::json&)>& restore_data) {
+  std::optional<int64_t> before;
+  std::string newest_refusal;
+  while (const auto checkpoint = newest_valid_checkpoint(checkpoints_dir(run_dir), before)) {
+    try {
+      TrainerState state = load_checkpoint(checkpoint->path, world_size, c, restore_data);
+      spdlog::info("resumed from {} (step {})", checkpoint->path.string(), state.run.step);
+      return state;
+    } catch (const UsageError&) {
+      throw;  // another world size: not the checkpoint's fault
+    } catch (const std::exception& e) {
+      const std::string reason = checkpoint->path.string() + ": " + e.what();
+      spdlog::warn("checkpoint refused, trying the one before it: {}", reason);
+      if (newest_refusal.empty()) newest_refusal = reason;
+      before = checkpoint->step;
+    }
+  }
+  if (!newest_refusal.empty()) {
+    throw UsageError("no usable checkpoint under " + checkpoints_dir(run_dir).string() +
+                     " (the newest was refused: " + newest_refusal +
+                     "); move the checkpoints away or set output.resume: never to start over");
+  }
+  return std::nullopt;
 }
 
 }  // namespace vlm::train

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "core/config.h"
@@ -30,11 +31,15 @@ struct CheckpointContents {
 void save_training_checkpoint(const std::filesystem::path& run_dir, TrainerState state,
                               const CheckpointContents& contents);
 
-// Loads the newest valid checkpoint under `run_dir` into the model and the optimizer, restores
-// the CPU generator and returns the saved state; nullopt when there is none. Throws UsageError
-// when it was written by another number of ranks.
-std::optional<TrainerState> resume_training_checkpoint(const std::filesystem::path& run_dir,
-                                                       int world_size,
-                                                       const CheckpointContents& contents);
+// Loads the newest usable checkpoint under `run_dir` into the model and the optimizer, hands
+// its data cursor to `restore_data` (which throws when the cursor does not fit the data),
+// restores the CPU generator and returns the saved state; nullopt when there is none. A
+// checkpoint whose state is out of range, whose weights or optimizer state cannot be loaded,
+// or whose cursor is refused, is skipped with a warning naming the reason, in favour of the
+// one before it; when none is usable, UsageError names the newest one's reason. Throws
+// UsageError when the newest usable one was written by another number of ranks.
+std::optional<TrainerState> resume_training_checkpoint(
+    const std::filesystem::path& run_dir, int world_size, const CheckpointContents& contents,
+    const std::function<void(const nlohmann::json&)>& restore_data);
 
 }  // namespace vlm::train

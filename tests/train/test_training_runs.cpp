@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "model/safetensors.h"
 #include "support/test_support.h"
+#include "train/checkpoint_dir.h"
 
 namespace fs = std::filesystem;
 using vlm::test::run_vlmtrain;
@@ -333,6 +334,64 @@ CATCH_TEST_CASE("a corrupt latest checkpoint is skipped and the previous one res
   CATCH_CHECK(r.output.find("step-00000006") != std::string::npos);  // the warning names it
   CATCH_CHECK(r.output.find("resumed from") != std::string::npos);
   CATCH_CHECK(r.output.find("(step 3)") != std::string::npos);
+}
+
+namespace {
+
+// Rewrites a checkpoint's trainer_state.json through `edit` and re-seals its marker (sizes and
+// CRC-32s), as a hand edit or another version would leave it: complete, but wrong inside.
+template <typename Edit>
+void edit_trainer_state(const fs::path& checkpoint, Edit edit) {
+  const fs::path state_path = checkpoint / "trainer_state.json";
+  nlohmann::json state = nlohmann::json::parse(std::ifstream(state_path));
+  edit(state);
+  std::ofstream(state_path) << state.dump();
+  const fs::path marker_path = checkpoint / "COMPLETE.json";
+  nlohmann::json marker = nlohmann::json::parse(std::ifstream(marker_path));
+  marker["files"]["trainer_state.json"]["bytes"] = fs::file_size(state_path);
+  marker["files"]["trainer_state.json"]["crc32"] = vlm::train::file_crc32(state_path);
+  std::ofstream(marker_path) << marker.dump();
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a checkpoint whose state is out of range is refused for the one before it") {
+  const std::string args =
+      "--set train.max_steps=6 --set output.checkpoint_every=3 --set output.keep_checkpoints=3";
+  for (const std::string damage : {"cursor", "field"}) {
+    CATCH_INFO("damaged: " << damage);
+    TempDir out;
+    require_ok(run_vlmtrain(run_args(out.path(), args)));
+    edit_trainer_state(out / "checkpoints/step-00000006", [&](nlohmann::json& state) {
+      if (damage == "cursor") {
+        // A data position far past the end of the data (before: an out-of-bounds read).
+        state["data_cursor"]["source"]["stream"]["datasets"][0]["position"] = 1'000'000'000;
+      } else {
+        state["consecutive_nonfinite"] = 99;  // more than the steps run
+      }
+    });
+    const auto r = run_vlmtrain(run_args(out.path(), args + " --set train.max_steps=7"));
+    CATCH_INFO(r.output);
+    CATCH_REQUIRE(r.exit_code == 0);
+    CATCH_CHECK(r.output.find("checkpoint refused") != std::string::npos);
+    CATCH_CHECK(r.output.find(damage == "cursor" ? "out of range (position 1000000000"
+                                                 : "\"consecutive_nonfinite\" is out of range") !=
+                std::string::npos);
+    CATCH_CHECK(r.output.find("(step 3)") != std::string::npos);
+  }
+}
+
+CATCH_TEST_CASE("with every checkpoint refused the run stops, naming the newest one's reason") {
+  const std::string args = "--set train.max_steps=3 --set output.checkpoint_every=3";
+  TempDir out;
+  require_ok(run_vlmtrain(run_args(out.path(), args)));
+  edit_trainer_state(out / "checkpoints/step-00000003",
+                     [](nlohmann::json& state) { state["step"] = -1; });
+  const auto r = run_vlmtrain(run_args(out.path(), args + " --set train.max_steps=4"));
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(r.output.find("no usable checkpoint") != std::string::npos);
+  CATCH_CHECK(r.output.find("\"step\" is out of range: -1") != std::string::npos);
 }
 
 CATCH_TEST_CASE("non-finite losses skip steps, then fail the run with the training-failure code") {

@@ -117,6 +117,11 @@ void DatasetSource::restore(const nlohmann::json& state) {
   for (const auto& r : state.at("in_flight")) {
     const uint64_t id = r.at(0).get<uint64_t>();
     const SampleRef ref{r.at(1).get<uint32_t>(), r.at(2).get<uint64_t>(), r.at(3).get<uint64_t>()};
+    if (ref.dataset >= manifests_.size() || ref.index >= manifests_[ref.dataset]->size()) {
+      throw DataError("the saved data cursor names sample " + std::to_string(ref.index) +
+                      " of dataset " + std::to_string(ref.dataset) + ", which does not exist (" +
+                      std::to_string(manifests_.size()) + " datasets)");
+    }
     std::optional<BuiltSample> sample = build(ref);
     if (!sample) {
       throw DataError(

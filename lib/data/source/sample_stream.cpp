@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-
 #include <numeric>
 
 #include "core/error.h"
@@ -77,10 +76,21 @@ void SampleStream::restore(const nlohmann::json& state) {
     if (datasets[d].at("size").get<uint64_t>() != ds.size) {
       throw DataError("dataset " + std::to_string(d) + " changed size since the cursor was saved");
     }
-    ds.current = datasets[d].at("current").get<double>();
-    ds.epoch = datasets[d].at("epoch").get<uint64_t>();
+    const double current = datasets[d].at("current").get<double>();
+    const uint64_t epoch = datasets[d].at("epoch").get<uint64_t>();
+    const uint64_t position = datasets[d].at("position").get<uint64_t>();
+    // Checked before use: a position past the end would index beyond the permutation, and an
+    // epoch beyond 2^32 passes over the data are not a position any run reaches.
+    if (!std::isfinite(current) || current < 0 || position > ds.size || epoch > (1ull << 32)) {
+      throw DataError("the saved data cursor of dataset " + std::to_string(d) +
+                      " is out of range (position " + std::to_string(position) + " of " +
+                      std::to_string(ds.size) + " samples, epoch " + std::to_string(epoch) +
+                      ", weight credit " + std::to_string(current) + ")");
+    }
+    ds.current = current;
+    ds.epoch = epoch;
     start_epoch(d);
-    ds.position = datasets[d].at("position").get<uint64_t>();
+    ds.position = position;
   }
 }
 

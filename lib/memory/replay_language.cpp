@@ -52,13 +52,17 @@ void block_forward(Timeline& t, const Lm& x) {
   const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv;
   const bool gqa = x.Hkv < x.Hq;
   rms_norm_forward(t, x);  // norm1: sq1, r1, n1, y1 (y1 kept by q/k/v projections)
-  // q = apply_rotary(q_proj(y1)) (:80, :53-58): at the `+`, the projection q_lin, x * c,
-  // rotate_half's cat, rot * s and the sum are alive together; only the sum stays (the muls
-  // keep the cos/sin views, the projection output is kept by nobody).
-  t.transient(4 * hidden);
-  t.alloc(hidden);
-  t.transient(4 * kv);  // k (:81), the same at the KV width
-  t.alloc(kv);
+  // q = apply_rotary(q_proj(y1)) (:80, :53-58; GCC evaluates `x * c + rotate_half(x) * s`
+  // right to left): the projection, rotate_half's negated half (dies with its statement) and
+  // cat, rot * s, x * c and the sum are alive together; only the sum stays (the muls keep the
+  // cos/sin views, the projection output is kept by nobody). Then k (:81) at the KV width.
+  for (const int64_t width : {hidden, kv}) {
+    t.alloc(width + width / 2 + width);
+    t.free(width / 2);
+    t.alloc(3 * width);
+    t.free(3 * width);
+    t.free(width);
+  }
   t.alloc(kv);  // v = v_proj(y1) (:82), a view of the projection
   if (gqa) {
     // repeat_interleave (packed_attention.cpp:93-94) = index_select with an Hq-long int64

@@ -81,7 +81,7 @@ void SampleStream::restore(const nlohmann::json& state) {
     const uint64_t position = datasets[d].at("position").get<uint64_t>();
     // Checked before use: a position past the end would index beyond the permutation, and an
     // epoch beyond 2^32 passes over the data are not a position any run reaches.
-    if (!std::isfinite(current) || current < 0 || position > ds.size || epoch > (1ull << 32)) {
+    if (!std::isfinite(current) || position > ds.size || epoch > (1ull << 32)) {
       throw DataError("the saved data cursor of dataset " + std::to_string(d) +
                       " is out of range (position " + std::to_string(position) + " of " +
                       std::to_string(ds.size) + " samples, epoch " + std::to_string(epoch) +

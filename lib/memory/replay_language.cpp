@@ -47,22 +47,26 @@ void rms_norm_forward(Timeline& t, const Lm& x) {
   t.alloc(hidden);                        // y = n * w
 }
 
-// One decoder block, fp32, trainable (language_model.cpp:105-110).
-void block_forward(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv;
-  const bool gqa = x.Hkv < x.Hq;
-  rms_norm_forward(t, x);  // norm1: sq1, r1, n1, y1 (y1 kept by q/k/v projections)
-  // q = apply_rotary(q_proj(y1)) (:80, :53-58; GCC evaluates `x * c + rotate_half(x) * s`
-  // right to left): the projection, rotate_half's negated half (dies with its statement) and
-  // cat, rot * s, x * c and the sum are alive together; only the sum stays (the muls keep the
-  // cos/sin views, the projection output is kept by nobody). Then k (:81) at the KV width.
-  for (const int64_t width : {hidden, kv}) {
+// q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
+// GCC evaluates `x * c + rotate_half(x) * s` right to left): the projection, rotate_half's
+// negated half (dying with its statement) and cat, rot * s, x * c and the sum are alive
+// together; only the sum stays, whether or not a graph is built (the muls keep only the
+// cos/sin views, and nobody keeps the projection output).
+void rotary_projections(Timeline& t, const Lm& x) {
+  for (const int64_t width : {e * x.N * x.D, e * x.N * x.Dkv}) {
     t.alloc(width + width / 2 + width);
     t.free(width / 2);
     t.alloc(3 * width);
     t.free(3 * width);
     t.free(width);
   }
+}
+
+// v, then the packed attention with a graph (q, k and v require a gradient), up to the
+// concatenated output: the same whether the block's weights are trained or frozen.
+void attention_forward(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv;
+  const bool gqa = x.Hkv < x.Hq;
   t.alloc(kv);  // v = v_proj(y1) (:82), a view of the projection
   if (gqa) {
     // repeat_interleave (packed_attention.cpp:93-94) = index_select with an Hq-long int64
@@ -82,6 +86,15 @@ void block_forward(Timeline& t, const Lm& x) {
   t.alloc(hidden);                         // torch::cat(outputs) (:83)
   t.free(hidden);                          // the outputs, at segment_attention's return
   if (gqa && x.B > 1) t.free(2 * hidden);  // keys, values at multi_head_attention's return
+}
+
+// One decoder block, fp32, trainable (language_model.cpp:105-110).
+void block_forward(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv;
+  const bool gqa = x.Hkv < x.Hq;
+  rms_norm_forward(t, x);  // norm1: sq1, r1, n1, y1 (y1 kept by q/k/v projections)
+  rotary_projections(t, x);
+  attention_forward(t, x);
   t.alloc(hidden);  // ctx = transpose().contiguous() (language_model.cpp:85), kept by out_proj
   t.alloc(hidden);  // o = out_proj(ctx)
   t.free(hidden);   // attended (the cat) at attn's return
@@ -117,26 +130,8 @@ void block_forward_frozen(Timeline& t, const Lm& x) {
   const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
   rms_norm_forward_frozen(t, x);  // y1, a temporary of the statement
-  for (const int64_t width : {hidden, kv}) {  // q, k: as without a graph (the muls keep c, s)
-    t.alloc(width + width / 2 + width);
-    t.free(width / 2);
-    t.alloc(3 * width);
-    t.free(3 * width);
-    t.free(width);
-  }
-  t.alloc(kv);  // v
-  if (gqa) {
-    t.alloc(2 * (hidden + 8 * x.Hq));
-    if (x.B > 1) t.alloc(2 * hidden);
-  }
-  for (const int64_t L : x.segments) {
-    const int64_t out = e * x.Hq * L * x.hd;
-    t.transient(2 * L * L + 8 * x.Hq * L * L + out);
-    t.alloc(e * x.Hq * L * L + L * L + out);
-  }
-  t.alloc(hidden);  // torch::cat(outputs)
-  t.free(hidden);   // the outputs
-  if (gqa && x.B > 1) t.free(2 * hidden);  // keys, values
+  rotary_projections(t, x);
+  attention_forward(t, x);
   t.alloc(2 * hidden);                     // the context, out_proj
   t.free(2 * hidden);                      // the context (kept by nobody), attended
   if (gqa) t.free(2 * kv);                 // k and v
@@ -168,16 +163,7 @@ void block_forward_nograd(Timeline& t, const Lm& x) {
   const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
   rms_norm_forward_nograd(t, x);  // y1, a temporary of the statement (language_model.cpp:108)
-  // q and k (apply_rotary, :53-58; GCC evaluates `x * c + rotate_half(x) * s` right to left):
-  // the projection, rotate_half's negated half and cat, rot * s, x * c, the sum; then the
-  // products and the cat die, then the projection.
-  for (const int64_t width : {hidden, kv}) {
-    t.alloc(width + width / 2 + width);
-    t.free(width / 2);
-    t.alloc(3 * width);
-    t.free(3 * width);
-    t.free(width);
-  }
+  rotary_projections(t, x);
   t.alloc(kv);  // v = v_proj(y1)
   if (gqa) {
     t.alloc(2 * (hidden + 8 * x.Hq));  // repeat_interleave's keys and values (and indices)

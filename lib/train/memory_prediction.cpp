@@ -12,10 +12,9 @@ memory::BatchShape batch_shape(const data::HostBatch& batch) {
   for (size_t i = 1; i < batch.cu_seqlens.size(); ++i) {
     segments.push_back(batch.cu_seqlens[i] - batch.cu_seqlens[i - 1]);
   }
-  int64_t supervised = 0;
-  for (const int32_t label : batch.labels) supervised += label != -100;
+  // The collator counts the labels that carry a loss (after blanking undecodable images').
   return memory::BatchShape::from_segments(batch.rows, batch.row_length, segments,
-                                           batch.num_crops, supervised);
+                                           batch.num_crops, batch.supervised_tokens);
 }
 
 MemoryPredictor::MemoryPredictor(const Config& config, int threads)

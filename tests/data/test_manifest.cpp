@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <set>
 
 #include "data/source/manifest.h"
@@ -128,6 +129,33 @@ TEST_CASE("the sample stream mixes by weight, covers each epoch once, and resume
 
   SampleStream other_seed({5, 7}, {2.0, 1.0}, 4);
   CHECK_THROWS_AS(other_seed.restore(saved), vlm::DataError);
+}
+
+TEST_CASE("a sample stream refuses a saved cursor that is out of range, before using it") {
+  SampleStream a({5, 7}, {2.0, 1.0}, 3);
+  for (int i = 0; i < 4; ++i) a.next();
+  const auto saved = a.state();
+  const auto refused = [&](const char* field, const nlohmann::json& value) {
+    auto bad = saved;
+    bad["datasets"][1][field] = value;
+    SampleStream b({5, 7}, {2.0, 1.0}, 3);
+    CHECK_THROWS_WITH(b.restore(bad), Catch::Contains("out of range"));
+  };
+  refused("position", 8);  // past the 7 samples: an out-of-bounds read before the check
+  refused("position", uint64_t{1} << 62);
+  refused("current", std::numeric_limits<double>::quiet_NaN());
+  refused("current", std::numeric_limits<double>::infinity());
+  refused("epoch", uint64_t{1} << 40);
+  // A negative weight credit is a normal state of the weighted round-robin.
+  auto negative = saved;
+  negative["datasets"][1]["current"] = -1.0;
+  SampleStream c({5, 7}, {2.0, 1.0}, 3);
+  CHECK_NOTHROW(c.restore(negative));
+  // Exactly at the end is a legal position (the epoch's last sample was drawn).
+  auto at_end = saved;
+  at_end["datasets"][1]["position"] = 7;
+  SampleStream d({5, 7}, {2.0, 1.0}, 3);
+  CHECK_NOTHROW(d.restore(at_end));
 }
 
 TEST_CASE("an unshuffled stream reads in file order") {

@@ -50,6 +50,8 @@ struct Lm {
   // Supervised rows per checkpointed loss chunk (model.loss_chunk_tokens), in order; empty when
   // the loss runs unchunked (no chunking, or Ns <= loss_chunk_tokens).
   std::vector<int64_t> loss_chunks;
+  bool bf16 = false;     // train.precision bf16: autocast (replay_language_bf16.cpp)
+  int64_t threads = 1;   // intra-op threads (oneDNN's per-thread scratchpads)
 };
 Lm lm_of(const MemorySpec& spec, const BatchShape& shape);
 
@@ -66,6 +68,13 @@ struct Vit {
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
 
+// The scratchpad oneDNN allocates, through LibTorch's allocator, for the duration of one bf16
+// matrix product on the CPU (onednn_scratch.cpp): `batch` products (0: one 2-D mm, as a linear
+// folds its input to) of [M, K] x [K, N]; `a_transposed`, `b_transposed`: the operand is a
+// transposed view of a contiguous tensor. Zero when ATen runs the product natively.
+int64_t bf16_matmul_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K, int64_t N,
+                            bool a_transposed, bool b_transposed);
+
 // --- language (replay_language.cpp) --------------------------------------------------------
 // The decoder and the loss, from the LM input live (counted by the caller) to the forward's
 // end; `t.live` then holds what they save.
@@ -77,6 +86,19 @@ void language_backward(Timeline& t, const Lm& x, bool first_step);
 void embedding_backward(Timeline& t, const Lm& x, bool first_step);
 // Trained parameters in AdamW's order (language decay, language no-decay), in elements.
 std::vector<int64_t> language_parameters(const Lm& x);
+
+// RMSNorm on an fp32 input (language_model.cpp:33-37), as the trained decoder runs it in
+// either precision: forward from its input (live) to its output y (4ND, live on return);
+// backward from y's gradient (4ND, freed) to the input's (4ND, live on return). `residual`:
+// the input's gradient buffer already holds the residual branch's gradient; `checkpoint_input`
+// and `holds_incoming`: inside a checkpointed block's backward (replay_language.cpp).
+void rms_norm_forward(Timeline& t, const Lm& x);
+void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
+                       bool checkpoint_input = false, bool holds_incoming = false);
+
+// The same phases under bf16 autocast (replay_language_bf16.cpp).
+void language_forward_bf16(Timeline& t, const Lm& x);
+void language_backward_bf16(Timeline& t, const Lm& x, bool first_step);
 
 // --- vision (replay_vision.cpp) ------------------------------------------------------------
 // The ViT and the projector over every chunk (and the concatenation of the chunks' outputs):

@@ -23,7 +23,9 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
             b.segment_lengths,
             spec.levers.checkpoint_language,
             !spec.language.trainable,
-            {}};
+            {},
+            spec.precision == ComputePrecision::kBf16,
+            spec.threads};
   const int64_t C = spec.levers.loss_chunk_tokens;
   if (C > 0 && b.supervised_tokens > C) {
     for (int64_t start = 0; start < b.supervised_tokens; start += C) {
@@ -32,8 +34,6 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
   }
   return x;
 }
-
-namespace {
 
 // RMSNorm forward (language_model.cpp:33-37) on an fp32 input: x^2 (kept by MeanBackward1),
 // its mean, the mean + eps (with the wrapped eps), rsqrt (kept), x * r (kept); the mean and
@@ -46,6 +46,8 @@ void rms_norm_forward(Timeline& t, const Lm& x) {
   t.alloc(row + hidden);                  // r and n stay (saved)
   t.alloc(hidden);                        // y = n * w
 }
+
+namespace {
 
 // q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
 // GCC evaluates `x * c + rotate_half(x) * s` right to left): the projection, rotate_half's
@@ -196,6 +198,8 @@ void block_forward_nograd(Timeline& t, const Lm& x) {
   t.free(3 * hidden);       // down, y2, h
 }
 
+}  // namespace
+
 // RMSNorm backward (language_model.cpp:33-37), from the output's gradient `grad` (4ND, live):
 // the nodes in reverse order, each freeing what it saved once it has run; the norm's input x
 // (kept by pow and x * r only) is freed at the end.
@@ -203,7 +207,7 @@ void block_forward_nograd(Timeline& t, const Lm& x) {
 // gradient buffer already holds the residual branch's gradient (decoder norms), so x's
 // gradients from the norm are added into it in place and freed.
 void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
-                       bool checkpoint_input = false, bool holds_incoming = false) {
+                       bool checkpoint_input, bool holds_incoming) {
   const int64_t hidden = e * x.N * x.D, row = e * x.N, weight = e * x.D;
   // MulBackward0 (n * w): grad * w first, then grad * n summed to [D] (both live for a moment).
   // A frozen weight: grad * w alone (n was not kept).
@@ -247,6 +251,8 @@ void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
     t.free(hidden + hidden);  // grad of x^2, x
   }
 }
+
+namespace {
 
 // One decoder block's backward (language_model.cpp:105-110), from its output's gradient g
 // (4ND, live), nodes in the engine's order (highest sequence_nr first), each freeing what it
@@ -455,6 +461,7 @@ void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
 // the byte against the allocator block by block. With very few supervised tokens the top is
 // instead `supervised.sum()` (token_loss.cpp:30), which casts the mask to int64 (8N bytes).
 void language_forward(Timeline& t, const Lm& x) {
+  if (x.bf16) return language_forward_bf16(t, x);
   const int64_t hidden = e * x.N * x.D;
   // segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,
   // searchsorted and the `- 1` (int64 each), all freed at once.
@@ -541,6 +548,7 @@ std::vector<int64_t> language_parameters(const Lm& x) {
 
 // Backward of the loss, the head and the final norm, then the blocks, last first.
 void language_backward(Timeline& t, const Lm& x, bool first_step) {
+  if (x.bf16) return language_backward_bf16(t, x, first_step);
   const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
   const int64_t hidden = e * x.N * x.D;
   t.alloc(4);  // the root gradient, held by backward() until it returns

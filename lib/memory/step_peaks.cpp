@@ -50,7 +50,15 @@ std::vector<int64_t> stepped_parameters(const MemorySpec& spec, const BatchShape
 std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   const int64_t segment_total =
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
-  if (spec.precision != ComputePrecision::kFp32) return "bf16 autocast";
+  if (spec.precision == ComputePrecision::kBf16) {
+    // Replayed so far: a trained decoder on text (replay_language_bf16.cpp).
+    if (shape.crops > 0) return "crops under bf16 autocast";
+    if (!spec.language.trainable) return "a frozen decoder under bf16 autocast";
+    if (spec.levers.checkpoint_language) return "checkpoint_language under bf16 autocast";
+    if (spec.levers.loss_chunk_tokens > 0 && shape.supervised_tokens > spec.levers.loss_chunk_tokens) {
+      return "loss_chunk_tokens under bf16 autocast";
+    }
+  }
   if (!spec.language.trainable && spec.language.parameter_bytes != 4) {
     return "a decoder frozen in bf16 storage";
   }

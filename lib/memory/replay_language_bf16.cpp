@@ -1,0 +1,351 @@
+// The trained decoder's forward and backward under bf16 autocast (LibTorch 1.13 on the CPU),
+// allocation by allocation; docs/memory.md derives the rules. What differs from fp32:
+// - every linear casts its weight (reached through `weight.t()`, a view autocast does not
+//   cache) and, when fp32, its input to bf16, keeps both for the backward, and writes a bf16
+//   output; oneDNN allocates a scratchpad for the product (bf16_matmul_scratch);
+// - RMSNorm, the residual stream, the RoPE tables, the softmax and the loss stay fp32: adding
+//   a bf16 branch to the fp32 stream first converts it to fp32;
+// - in backward each cast is a ToCopyBackward0 node that converts its gradient back (a bf16
+//   weight gradient to fp32 before AccumulateGrad), and bf16 products need contiguous operands
+//   (ATen's is_mkldnn_optimized_format): strided per-head views are copied first.
+#include "memory/replay.h"
+
+namespace vlm::memory::replay {
+namespace {
+
+constexpr int64_t h = 2;  // bf16
+
+// A linear on an input of `rows` tokens from `in` to `out` features, trained, under autocast:
+// the weight's bf16 copy, the input's (when `cast_input`: an fp32 input), the output, then the
+// product's scratchpad. The copies stay (kept for the backward); the output is the caller's.
+void linear_forward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out,
+                    bool cast_input) {
+  t.alloc(h * in * out);
+  if (cast_input) t.alloc(h * rows * in);
+  t.alloc(h * rows * out);
+  t.transient(bf16_matmul_scratch(x.threads, 0, rows, in, out, false, true));
+}
+
+// RoPE on a bf16 projection of `width` bytes (language_model.cpp:53-58): cos and sin cast to
+// bf16 (kept by the products), rotate_half's negated half and cat, rot * s, x * c and the sum;
+// everything but the sum and the casts dies, the projection output too.
+void rotary_bf16(Timeline& t, const Lm& x, int64_t width) {
+  t.alloc(2 * h * x.N * x.hd);  // cos, sin in bf16
+  t.alloc(width / 2 + width);   // -halves[1], cat
+  t.free(width / 2);
+  t.alloc(3 * width);           // rot * s, x * c, the sum
+  t.free(3 * width);            // cat, rot * s, x * c
+  t.free(width);                // the projection
+}
+
+// `fp32 + bf16` (the residual adds, language_model.cpp:108-109): the bf16 branch converted to
+// fp32, the sum, then the conversion and the branch die. The sum stays.
+void residual_add(Timeline& t, const Lm& x) {
+  const int64_t stream = e * x.N * x.D;
+  t.alloc(2 * stream);
+  t.free(stream + h * x.N * x.D);
+}
+
+// Whether a [batch, rows, cols] per-head view is copied before a oneDNN product: heads of one
+// segment are strided unless the view is the whole of a contiguous tensor.
+struct HeadLayout {
+  bool q_copied, kv_copied;
+};
+HeadLayout head_layout(const Lm& x, int64_t L) {
+  const bool gqa = x.Hkv < x.Hq;
+  // q (and k, v without GQA) keep the projection's token-major layout: strided over heads.
+  // GQA's keys and values are contiguous per head: strided only when a segment is a part.
+  const bool q_copied = x.Hq > 1;
+  const bool kv_copied = gqa ? !(x.B == 1 && L == x.N) : x.Hq > 1;
+  return {q_copied, kv_copied};
+}
+
+// Per segment of length L, the 1.13 math attention (compat.h:139-145) in bf16.
+void segment_forward(Timeline& t, const Lm& x, int64_t L) {
+  const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
+  const HeadLayout layout = head_layout(x, L);
+  const bool onednn = x.Hq * L * x.hd * L > 16 * 16 * 16;
+  t.alloc(L * L);  // ones
+  t.alloc(L * L);  // tril (the causal mask, until the segment's end)
+  t.free(L * L);
+  // q k^T: the output, the copies of q and k, the scratchpad.
+  t.alloc(scores);
+  const int64_t qk_copies =
+      onednn ? (layout.q_copied ? rows : 0) + (layout.kv_copied ? rows : 0) : 0;
+  t.alloc(qk_copies);
+  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, x.hd, L, false, true));
+  t.free(qk_copies);
+  // * scale: the wrapped scalar and its bf16 copy, the product; the unscaled scores die.
+  t.transient(kWrappedScalar + h + scores);
+  t.alloc(scores);
+  t.free(scores);
+  t.alloc(L * L + scores);  // logical_not (kept), masked_fill
+  t.free(scores);           // the scaled scores
+  // softmax(.., kFloat): the fp32 copy of its input, the probabilities (kept), then the copy
+  // dies; .to(bf16) (kept by P v).
+  t.alloc(2 * 2 * scores);
+  t.free(2 * scores);
+  t.alloc(scores);
+  // P v: the output (kept), v's copy, the scratchpad.
+  const int64_t v_copy = onednn && layout.kv_copied ? rows : 0;
+  t.alloc(rows + v_copy);
+  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, false, false));
+  t.free(v_copy);
+  t.free(scores + L * L);  // the masked scores, the causal mask
+}
+
+// One trained decoder block (language_model.cpp:105-110) under autocast.
+void block_forward_bf16(Timeline& t, const Lm& x) {
+  const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, kv = h * x.N * x.Dkv,
+                mlp = h * x.N * x.F;
+  const bool gqa = x.Hkv < x.Hq;
+  rms_norm_forward(t, x);  // y1 (fp32), a temporary of the statement
+  linear_forward(t, x, x.N, x.D, x.D, true);
+  rotary_bf16(t, x, hidden);
+  linear_forward(t, x, x.N, x.D, x.Dkv, true);
+  rotary_bf16(t, x, kv);
+  linear_forward(t, x, x.N, x.D, x.Dkv, true);  // v, kept
+  if (gqa) {
+    // repeat_interleave: an Hq-long int64 index (kept) and the [B, Hq, T, hd] keys and values;
+    // flat() clones them unless B == 1.
+    t.alloc(2 * (hidden + 8 * x.Hq));
+    if (x.B > 1) t.alloc(2 * hidden);
+  }
+  for (const int64_t L : x.segments) segment_forward(t, x, L);
+  t.alloc(hidden);  // torch::cat(outputs)
+  t.free(hidden);   // the outputs
+  if (gqa && x.B > 1) t.free(2 * hidden);
+  t.alloc(hidden);  // the context, contiguous (kept by out_proj)
+  linear_forward(t, x, x.N, x.D, x.D, false);
+  t.free(hidden);  // attended (the cat)
+  if (gqa) t.free(2 * kv);
+  residual_add(t, x);  // h = x + o, kept by norm2
+  t.free(stream);      // y1
+  rms_norm_forward(t, x);  // y2
+  linear_forward(t, x, x.N, x.D, x.F, true);  // gate
+  linear_forward(t, x, x.N, x.D, x.F, true);  // up
+  t.alloc(2 * mlp);                           // silu(gate), the product
+  linear_forward(t, x, x.N, x.F, x.D, false); // down
+  residual_add(t, x);  // out = h + down
+  t.free(stream);      // y2
+}
+
+
+// A linear's MmBackward0 under autocast, from its output's bf16 gradient (`rows` x `out`,
+// live): the weight's gradient (computed as (g^T x)^T, g^T the transposed operand), then the
+// input's; then the output's gradient, the kept bf16 input (autocast's copy, or the input
+// itself when it was bf16) and the kept weight copy are freed. The weight's ToCopyBackward0 runs after the input's (autocast
+// casts the weight first): the caller runs them.
+void linear_backward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out) {
+  t.alloc(h * in * out);
+  t.transient(bf16_matmul_scratch(x.threads, 0, out, rows, in, true, false));
+  t.alloc(h * rows * in);
+  t.transient(bf16_matmul_scratch(x.threads, 0, rows, out, in, false, false));
+  t.free(h * rows * out + h * rows * in + h * in * out);
+}
+
+// A bf16 weight gradient converted to fp32 (ToCopyBackward0), then its AccumulateGrad.
+void weight_to_fp32(Timeline& t, int64_t numel, bool keep) {
+  t.alloc(e * numel);
+  t.free(h * numel);
+  accumulate_grad(t, e * numel, keep);
+}
+
+// The input's bf16 gradient converted to fp32 (ToCopyBackward0); `summed`: the input's
+// gradient buffer already holds one, and the engine adds them out of place.
+void input_to_fp32(Timeline& t, const Lm& x, bool summed) {
+  const int64_t stream = e * x.N * x.D;
+  t.alloc(stream);
+  t.free(h * x.N * x.D);
+  if (summed) {
+    t.alloc(stream);
+    t.free(2 * stream);
+  }
+}
+
+// The packed attention's backward from the context's bf16 gradient dC (live): segments last
+// first (compat.h:139-145 in reverse), then the per-segment gradients gathered into the flat
+// q, k and v gradients by SliceBackward0 (zeros [Hq, N, hd] each; the engine sums later
+// segments' out of place). The last segment processed frees dC and the kept q, k and v.
+void attention_backward_bf16(Timeline& t, const Lm& x) {
+  const int64_t hidden = h * x.N * x.D, kv = h * x.N * x.Dkv;
+  const int64_t kv_storage = x.Hkv < x.Hq ? hidden : kv;  // what the kept k/v views keep
+  for (size_t j = x.segments.size(); j-- > 0;) {
+    const int64_t L = x.segments[j];
+    const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
+    const bool first_processed = j + 1 == x.segments.size(), last_processed = j == 0;
+    const HeadLayout layout = head_layout(x, L);
+    const bool onednn = x.Hq * L * x.hd * L > 16 * 16 * 16;
+    // dO, a per-head view of dC, is strided like q.
+    const int64_t o_copy = onednn && layout.q_copied ? rows : 0;
+    const int64_t q_copy = o_copy, kv_copy = onednn && layout.kv_copied ? rows : 0;
+    // P v's BmmBackward0: v's gradient (P^T dO), then P's (dO v^T).
+    t.alloc(o_copy + rows);
+    t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, true, false));
+    t.free(o_copy);
+    t.alloc(scores + o_copy + kv_copy);
+    t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, x.hd, L, false, true));
+    t.free(o_copy + kv_copy);
+    if (last_processed) t.free(hidden);  // dC
+    t.free(scores);                      // the kept bf16 probabilities
+    if (last_processed) t.free(kv_storage);  // v's
+    // P's ToCopyBackward0 (to fp32), SoftmaxBackward0, the softmax input's ToCopyBackward0 (to
+    // bf16), MaskedFillBackward0; then the mask (logical_not) is freed.
+    t.alloc(2 * scores);
+    t.free(scores);
+    t.alloc(2 * scores);
+    t.free(2 * 2 * scores);
+    t.alloc(scores);
+    t.free(2 * scores);
+    t.alloc(scores);
+    t.free(scores + L * L);
+    // The scale's MulBackward1: the wrapped scalar and its bf16 copy, the product.
+    t.transient(kWrappedScalar + h + scores);
+    t.alloc(scores);
+    t.free(scores);
+    // q k^T's BmmBackward0: k's gradient (q^T dS), then q's (dS k); then dS and, for the last
+    // segment, q's and k's storages.
+    t.alloc(q_copy + rows);
+    // q^T is a transposed view unless q was copied (then the copy is made contiguous as q^T).
+    t.transient(bf16_matmul_scratch(x.threads, x.Hq, x.hd, L, L, q_copy == 0, false));
+    t.free(q_copy);
+    t.alloc(kv_copy + rows);
+    t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, false, false));
+    t.free(kv_copy);
+    t.free(scores);
+    if (last_processed) t.free(hidden + kv_storage);
+    for (int k = 0; k < 3; ++k) {
+      t.alloc(hidden);  // SliceBackward0
+      t.free(rows);
+      if (!first_processed) {
+        t.alloc(hidden);
+        t.free(2 * hidden);
+      }
+    }
+  }
+}
+
+// One trained decoder block's backward under autocast, from its output's fp32 gradient g
+// (live), in the engine's order.
+void block_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
+  const int64_t hidden = h * x.N * x.D, kv = h * x.N * x.Dkv, mlp = h * x.N * x.F;
+  const bool gqa = x.Hkv < x.Hq;
+  // MLP. `h + down` hands g to h and, converted to bf16, to down.
+  t.alloc(hidden);
+  linear_backward(t, x, x.N, x.F, x.D);  // down; it kept the product
+  weight_to_fp32(t, x.D * x.F, first_step);
+  t.alloc(2 * mlp);  // MulBackward0 (silu * up)
+  t.free(3 * mlp);
+  t.alloc(mlp);      // SiluBackward0
+  t.free(2 * mlp);
+  linear_backward(t, x, x.N, x.D, x.F);  // up
+  input_to_fp32(t, x, false);
+  weight_to_fp32(t, x.D * x.F, first_step);
+  linear_backward(t, x, x.N, x.D, x.F);  // gate
+  input_to_fp32(t, x, true);
+  weight_to_fp32(t, x.D * x.F, first_step);
+  rms_norm_backward(t, x, first_step, /*residual=*/true);  // norm2, into h's gradient
+  // `x + o` hands h's gradient to x and, converted to bf16, to o; out_proj (its input, the
+  // context, was bf16: no cast).
+  t.alloc(hidden);
+  linear_backward(t, x, x.N, x.D, x.D);  // it kept the context
+  weight_to_fp32(t, x.D * x.D, first_step);
+  attention_backward_bf16(t, x);
+  // v, k, q (created last first).
+  if (gqa) {
+    t.alloc(kv);
+    t.free(hidden + 8 * x.Hq);
+    t.alloc(kv);
+    t.free(hidden + 8 * x.Hq);
+  }
+  t.alloc(kv);  // the head view's copy
+  t.free(kv);
+  linear_backward(t, x, x.N, x.D, x.Dkv);
+  input_to_fp32(t, x, false);
+  weight_to_fp32(t, x.D * x.Dkv, first_step);
+  for (const bool q : {false, true}) {
+    const int64_t width = q ? hidden : kv, cast = h * x.N * x.hd;
+    t.alloc(width);  // grad * s
+    t.free(cast);    // sin's bf16 copy
+    t.alloc(width);  // grad * c
+    t.free(width + cast);  // the incoming gradient, cos's copy
+    t.alloc(width / 2 + width);  // NegBackward0, SplitBackward0's cat
+    t.free(width + width / 2);   // grad * s, the negated half
+    t.alloc(width);              // the sum
+    t.free(2 * width);
+    t.alloc(width);  // the head view's copy
+    t.free(width);
+    linear_backward(t, x, x.N, x.D, q ? x.D : x.Dkv);
+    input_to_fp32(t, x, true);
+    weight_to_fp32(t, x.D * (q ? x.D : x.Dkv), first_step);
+  }
+  rms_norm_backward(t, x, first_step, /*residual=*/true);  // norm1
+}
+
+}  // namespace
+
+void language_forward_bf16(Timeline& t, const Lm& x) {
+  const int64_t stream = e * x.N * x.D;
+  const int64_t tables = 2 * e * x.N * x.hd;
+  t.transient(3 * 8 * x.N + kWrappedScalar);  // segment_ids
+  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
+  t.alloc(tables);
+  for (int64_t i = 0; i < x.Ll; ++i) block_forward_bf16(t, x);
+  rms_norm_forward(t, x);  // the final norm
+  t.free(tables);  // the products kept bf16 copies: the fp32 tables die with forward's scope
+  // Loss (token_loss.cpp): as in fp32 up to the rows and the count; then the head's bf16 copy
+  // (an explicit cast, kept), the rows' (autocast, kept), bf16 logits and the scratchpad, the
+  // fp32 logits (the bf16 ones die), log-probabilities (kept), loss and total weight.
+  t.alloc(x.N);
+  t.alloc(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns);
+  t.alloc(4 + 4);
+  t.alloc(8 * x.N);
+  t.alloc(8);
+  t.free(8 * x.N + 4);
+  const int64_t logits = e * x.Ns * x.V;
+  t.alloc(h * x.V * x.D + h * x.Ns * x.D + logits / 2);
+  t.transient(bf16_matmul_scratch(x.threads, 0, x.Ns, x.D, x.V, false, true));
+  t.alloc(logits);
+  t.free(logits / 2);
+  t.alloc(logits + 4 + 4);
+  t.free(logits);
+  t.free(4);                    // the zero loss, replaced
+  t.free(e * x.Ns * x.D);       // the fp32 rows: the product kept their bf16 copy
+  t.free(x.N);                  // supervised
+  t.free(stream);               // hidden
+}
+
+void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
+  const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
+  const int64_t stream = e * x.N * x.D;
+  t.alloc(4);  // the root gradient
+  // NllLossBackward0 and LogSoftmaxBackward0 as in fp32; the fp32 logits' ToCopyBackward0
+  // converts their gradient to bf16.
+  t.alloc(logits);
+  t.free(8 * x.Ns + 4);
+  t.alloc(logits);
+  t.free(2 * logits);
+  t.alloc(logits / 2);
+  t.free(logits);
+  // The head's MmBackward0: the head's gradient first (as (g^T rows)^T: the head is the
+  // transposed operand), then the rows'; then the logits' gradient, the kept rows and head
+  // copies are freed. Each copy's ToCopyBackward0 converts its gradient to fp32, the rows'
+  // (autocast's, made later) first.
+  t.alloc(head / 2);
+  t.transient(bf16_matmul_scratch(x.threads, 0, x.V, x.Ns, x.D, true, false));
+  t.alloc(rows / 2);
+  t.transient(bf16_matmul_scratch(x.threads, 0, x.Ns, x.V, x.D, false, false));
+  t.free(logits / 2 + rows / 2 + head / 2);
+  t.alloc(rows);
+  t.free(rows / 2);
+  t.alloc(head);
+  t.free(head / 2);
+  // An untied head's gradient reaches its AccumulateGrad; a tied one waits for the embedding's.
+  if (!x.tied) accumulate_grad(t, head, first_step);
+  t.alloc(stream);  // IndexSelectBackward0
+  t.free(rows + 8 * x.Ns);
+  rms_norm_backward(t, x, first_step, /*residual=*/false);
+  for (int64_t i = x.Ll - 1; i >= 0; --i) block_backward_bf16(t, x, first_step);
+}
+
+}  // namespace vlm::memory::replay

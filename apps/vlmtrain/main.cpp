@@ -68,9 +68,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::vector<Command> commands{
-      add_config_command(app, global),          add_make_demo_data_command(app, global),
-      add_inspect_batches_command(app, global), add_tokenize_command(app, global),
-      add_train_command(app, global),           add_model_info_command(app, global),
+      add_config_command(app, global),
+      add_make_demo_data_command(app, global),
+      add_inspect_batches_command(app, global),
+      add_tokenize_command(app, global),
+      add_train_command(app, global),
+      add_model_info_command(app, global),
+      add_calibrate_memory_command(app, global),
   };
   for (auto& c : commands) c.app->fallthrough();
 

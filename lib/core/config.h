@@ -312,6 +312,7 @@ struct MemoryConfig {
   std::string device_memory = "auto";
   double safety_margin = 0.1;
   ByteSize simulate_device_bytes;
+  std::string calibration;
 };
 
 template <class V>
@@ -324,6 +325,9 @@ void visit_fields(V& v, MemoryConfig& c) {
   v.field(c.simulate_device_bytes, "simulate_device_bytes",
           "CPU only: cap tracked tensor memory at this size (a budgeted allocator), to exercise "
           "OOM recovery; 0 = off.");
+  v.field(c.calibration, "calibration",
+          "Memory calibration file (vlmtrain calibrate-memory, docs/memory-device.md): fitted "
+          "corrections of the device terms for this device and LibTorch; empty = the defaults.");
 }
 
 // --- distributed ------------------------------------------------------------------------

@@ -15,6 +15,10 @@ struct GpuInfo {
   double peak_bf16_flops;  // dense, no sparsity (vendor datasheets)
   std::vector<std::string>
       aliases;  // lowercase names a device may report ("nvidia h100 80gb hbm3")
+  // NVIDIA compute capability as major * 10 + minor (90 for sm_90, Hopper), 0 when unknown;
+  // the memory model's device terms depend on it and on the vendor (memory/device_terms.h).
+  int compute_capability = 0;
+  bool nvidia = true;
 };
 
 const std::vector<GpuInfo>& gpu_catalog();

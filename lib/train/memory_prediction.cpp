@@ -3,8 +3,54 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/gpu_catalog.h"
+#include "core/strings.h"
+#include "memory/calibration.h"
+#include "runtime/torch_info.h"
 
 namespace vlm::train {
+namespace {
+
+// An environment variable that is set and not empty.
+std::optional<std::string> environment(const char* name) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return std::nullopt;
+  return std::string(value);
+}
+
+memory::TorchVersion running_torch() {
+  const std::string version = runtime::torch_version();
+  const auto parsed = memory::parse_torch_version(version);
+  if (!parsed) {
+    throw Error(ExitCode::kInternal, "LibTorch reports an unparseable version: " + version);
+  }
+  return *parsed;
+}
+
+}  // namespace
+
+memory::DeviceTarget device_target(const c10::Device& device, int world_size) {
+  memory::DeviceTarget target = memory::DeviceTarget::cpu();
+  target.torch = running_torch();
+  target.ranks = world_size;
+  if (!device.is_cuda()) return target;
+  const std::string name = runtime::cuda_device_name(device);
+  GpuInfo gpu;
+  gpu.name = name;  // not in the catalog: calibrated under the name the device reports
+  if (const auto known = find_gpu(name)) gpu = *known;
+  target = memory::DeviceTarget::cuda_device(gpu, target.torch, world_size);
+  target.cublas_workspace_config = environment("CUBLAS_WORKSPACE_CONFIG").value_or("");
+  // NCCL reads NCCL_BUFFSIZE as an integer; anything else leaves its default.
+  if (const auto buffsize = environment("NCCL_BUFFSIZE")) {
+    char* end = nullptr;
+    const long long value = std::strtoll(buffsize->c_str(), &end, 10);
+    if (*end == '\0' && value > 0) target.nccl_buffsize = value;
+  }
+  return target;
+}
 
 memory::BatchShape batch_shape(const data::HostBatch& batch) {
   std::vector<int64_t> segments;
@@ -13,36 +59,76 @@ memory::BatchShape batch_shape(const data::HostBatch& batch) {
     segments.push_back(batch.cu_seqlens[i] - batch.cu_seqlens[i - 1]);
   }
   // The collator counts the labels that carry a loss (after blanking undecodable images').
-  return memory::BatchShape::from_segments(batch.rows, batch.row_length, segments,
-                                           batch.num_crops, batch.supervised_tokens);
+  return memory::BatchShape::from_segments(batch.rows, batch.row_length, segments, batch.num_crops,
+                                           batch.supervised_tokens);
 }
 
-MemoryPredictor::MemoryPredictor(const Config& config, int threads)
-    : spec_(memory::memory_spec(config)) {
+MemoryPredictor::MemoryPredictor(const Config& config, int threads, memory::DeviceTarget target)
+    : spec_(memory::memory_spec(config)), target_(std::move(target)) {
   spec_.threads = threads;
+  const std::string& file = config.memory.calibration;
+  if (file.empty()) return;
+  calibration_file_ = file;
+  const CalibrationFile calibration = read_calibration_file(file);
+  const std::string device = target_.device_key(), torch = target_.torch.str();
+  if (const CalibrationEntry* entry = calibration.find(device, torch)) entry_ = *entry;
+  corrections_ = memory::corrections_of(entry_ ? &*entry_ : nullptr);
+  const auto uncalibrated = memory::uncalibrated_terms(entry_ ? &*entry_ : nullptr, target_.cuda);
+  if (entry_) {
+    spdlog::info(
+        "memory calibration: {} entry {} / LibTorch {} (fitted on {} steps of {}, {}): scale "
+        "{:.4f}, offset {} bytes{}",
+        file, device, torch, entry_->fit.steps, entry_->fit.run_dir, entry_->fit.date,
+        entry_->activation_scale, entry_->allocated_offset_bytes,
+        uncalibrated.empty() ? "" : "; uncalibrated: " + join(uncalibrated, ", "));
+  } else {
+    spdlog::info("memory calibration: {} has no entry for {} / LibTorch {}: uncalibrated: {}", file,
+                 device, torch, join(uncalibrated, ", "));
+  }
 }
 
-memory::StepPrediction MemoryPredictor::predict(const std::vector<data::HostBatch>& batches,
-                                                bool gradients, bool moments) {
+PredictedStep MemoryPredictor::predict(const std::vector<data::HostBatch>& batches, bool gradients,
+                                       bool moments) {
   std::vector<memory::BatchShape> shapes;
   shapes.reserve(batches.size());
   for (const auto& batch : batches) {
     if (batch.rows > 0) shapes.push_back(batch_shape(batch));
   }
-  memory::StepPrediction p = memory::predict_step(spec_, shapes, {gradients, moments});
-  if (!p.modelled && !logged_unmodelled_) {
-    logged_unmodelled_ = true;
-    spdlog::info("memory model: no step peak predicted for this run yet ({}; docs/memory.md)",
-                 p.why_not);
+  PredictedStep p;
+  p.tensors = memory::predict_step(spec_, shapes, {gradients, moments});
+  if (!p.tensors.modelled) {
+    if (!logged_unmodelled_) {
+      logged_unmodelled_ = true;
+      spdlog::info("memory model: no step peak predicted for this run yet ({}; docs/memory.md)",
+                   p.tensors.why_not);
+    }
+    return p;
   }
+  p.device = memory::device_breakdown(spec_, {gradients, moments}, p.tensors.peak_bytes,
+                                      p.tensors.static_bytes, target_, corrections_);
   return p;
 }
 
-void MemoryPredictor::record(int64_t step, int64_t predicted, int64_t measured,
-                             bool comparable) {
+nlohmann::json MemoryPredictor::run_record(int64_t step) const {
+  return {{"type", "run"},
+          {"step", step},
+          {"device", target_.device_key()},
+          {"torch_version", runtime::torch_version()},
+          {"world_size", target_.ranks},
+          {"memory_calibration", entry_ ? nlohmann::json{{"file", calibration_file_},
+                                                         {"device", entry_->device},
+                                                         {"torch", entry_->torch}}
+                                        : nlohmann::json(nullptr)},
+          {"memory_corrections",
+           {{"activation_scale", corrections_.activation_scale},
+            {"allocated_offset_bytes", corrections_.allocated_offset_bytes},
+            {"fragmentation", corrections_.fragmentation},
+            {"cuda_context_bytes", corrections_.cuda_context_bytes}}}};
+}
+
+void MemoryPredictor::record(int64_t step, int64_t predicted, int64_t measured, bool comparable) {
   if (!comparable || measured <= 0) return;
-  const double error =
-      static_cast<double>(predicted - measured) / static_cast<double>(measured);
+  const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
   if (compared_ == 0 || std::abs(error) > std::abs(worst_error_)) {
     worst_error_ = error;
     worst_step_ = step;

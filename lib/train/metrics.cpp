@@ -81,6 +81,13 @@ json StepMetrics::to_json() const {
   if (peak_reserved_bytes) record["memory/peak_reserved_bytes"] = *peak_reserved_bytes;
   if (predicted_peak_bytes) record["memory/predicted_peak_bytes"] = *predicted_peak_bytes;
   if (predicted_static_bytes) record["memory/predicted_static_bytes"] = *predicted_static_bytes;
+  if (predicted_uncalibrated_peak_bytes) {
+    record["memory/predicted_uncalibrated_peak_bytes"] = *predicted_uncalibrated_peak_bytes;
+  }
+  if (predicted_reserved_bytes)
+    record["memory/predicted_reserved_bytes"] = *predicted_reserved_bytes;
+  if (predicted_device_bytes) record["memory/predicted_device_bytes"] = *predicted_device_bytes;
+  if (device_overhead_bytes) record["memory/device_overhead_bytes"] = *device_overhead_bytes;
   if (mfu) record["mfu"] = finite_or_null(*mfu);
   return record;
 }

@@ -1,6 +1,6 @@
 // The metrics file: JSON lines, one object per line, written by rank 0 only.
 //
-// Every record has "type" ("step" | "eval" | "summary" | "event"), "step" (the optimizer
+// Every record has "type" ("run" | "step" | "eval" | "summary" | "event"), "step" (the optimizer
 // steps completed when it was written) and "time" (Unix seconds, fractional). Keys are flat;
 // related figures share a "group/name" prefix (torchtitan's convention), e.g. "lr/vision",
 // "time/forward_ms", "memory/peak_allocated_bytes", so a plotting tool can select a group by
@@ -65,8 +65,19 @@ struct StepMetrics {
   // The memory model's prediction of that peak, made before the step ran, and the model
   // states it counted as live before the step (max over ranks); absent when the step's
   // configuration is not modelled yet (memory::predict_step says why, logged once).
+  // On CUDA the peak is the allocated layer of the device terms (memory/device_terms.h), and
+  // memory.calibration's entry for the device corrects it.
   std::optional<int64_t> predicted_peak_bytes;    // [memory/predicted_peak_bytes]
   std::optional<int64_t> predicted_static_bytes;  // [memory/predicted_static_bytes]
+  // The peak before the calibration's corrections; present only when an entry applied.
+  std::optional<int64_t>
+      predicted_uncalibrated_peak_bytes;  // [memory/predicted_uncalibrated_peak_bytes]
+  // CUDA: the predicted reserved peak and device bytes (what nvidia-smi shows), and what the
+  // device held outside the caching allocator at the end of the step (total - free -
+  // reserved: context, NCCL, other processes), max over ranks.
+  std::optional<int64_t> predicted_reserved_bytes;  // [memory/predicted_reserved_bytes]
+  std::optional<int64_t> predicted_device_bytes;    // [memory/predicted_device_bytes]
+  std::optional<int64_t> device_overhead_bytes;     // [memory/device_overhead_bytes]
 
   int64_t oom_retries = 0;    // [oom_retries] micro-batch splits redone after OOM in this step
   int64_t skipped_steps = 0;  // [skipped_steps] steps skipped so far (non-finite gradients)

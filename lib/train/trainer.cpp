@@ -58,7 +58,7 @@ class Trainer {
   void resume_if_possible();
   bool train_step(data::LoadedStep& step, StepMetrics& metrics);
   void step_metrics(const data::LoadedStep& step, const StepWork& work,
-                    const memory::StepPrediction& predicted, StepMetrics& m);
+                    const PredictedStep& predicted, StepMetrics& m);
   bool gradients_allocated() const;
   void optimizer_update(StepMetrics& m);
   void save_checkpoint();
@@ -100,7 +100,8 @@ void Trainer::setup() {
                       loaded_.where("train.precision"));
   }
   const int threads = runtime::configure_threads(static_cast<int>(config_.train.threads));
-  memory_ = std::make_unique<MemoryPredictor>(config_, threads);
+  memory_ = std::make_unique<MemoryPredictor>(config_, threads,
+                                              device_target(device_, dist_.world_size));
   if (config_.memory.simulate_device_bytes.bytes > 0) {
     if (device_.is_cuda()) {
       throw ConfigError("memory.simulate_device_bytes is for CPU runs; on CUDA the device is real",
@@ -191,7 +192,7 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   const int64_t n = step.plan.supervised_tokens;
   const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
   optimizer_->set_lr_factor(schedule_->lr_factor(state_.step));
-  const memory::StepPrediction predicted =
+  const PredictedStep predicted =
       memory_->predict(step.batches, gradients_allocated(), optimizer_state_ready_);
   const StepWork work = runner_->run(std::move(step.batches), inv_n, state_.step + 1, state_);
 
@@ -271,7 +272,7 @@ void Trainer::optimizer_update(StepMetrics& m) {
 // The rest of the step's metrics line (every rank planned every rank's micro-batches; times
 // and memory are maxed over ranks).
 void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
-                           const memory::StepPrediction& predicted, StepMetrics& m) {
+                           const PredictedStep& predicted, StepMetrics& m) {
   m.step = state_.step;
   m.lr = optimizer_->lr_by_module();
   if (scaler_) m.loss_scale = scaler_->scale();
@@ -287,21 +288,37 @@ void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
   m.oom_retries += work.oom_retries;
   m.skipped_steps = state_.skipped_steps;
   const auto stats = runtime::memory_stats(device_);
+  // Outside the caching allocator: the context, NCCL, cuBLAS's own workspaces (and any other
+  // process on the device).
+  const int64_t overhead =
+      stats.device_total_bytes - stats.device_free_bytes - stats.reserved_bytes;
+  const memory::DeviceBreakdown& d = predicted.device;
   // The prediction counts where every rank has one (an unmodelled rank sends 1 to the flag).
-  const auto times = comm_->all_reduce_max(
+  const auto v = comm_->all_reduce_max(
       {m.step_ms, -m.step_ms, static_cast<double>(stats.peak_allocated_bytes),
-       static_cast<double>(predicted.peak_bytes), static_cast<double>(predicted.static_bytes),
-       predicted.modelled ? 0.0 : 1.0});
-  m.step_ms_max = times[0];
-  m.step_ms_min = -times[1];
-  m.peak_allocated_bytes = static_cast<int64_t>(times[2]);
-  if (times[5] == 0.0) {
-    m.predicted_peak_bytes = static_cast<int64_t>(times[3]);
-    m.predicted_static_bytes = static_cast<int64_t>(times[4]);
+       static_cast<double>(d.allocated), static_cast<double>(predicted.tensors.static_bytes),
+       predicted.tensors.modelled ? 0.0 : 1.0, static_cast<double>(d.uncalibrated_allocated()),
+       static_cast<double>(d.reserved), static_cast<double>(d.device),
+       static_cast<double>(overhead)});
+  const auto bytes = [&](size_t i) { return static_cast<int64_t>(v[i]); };
+  m.step_ms_max = v[0];
+  m.step_ms_min = -v[1];
+  m.peak_allocated_bytes = bytes(2);
+  if (v[5] == 0.0) {
+    m.predicted_peak_bytes = bytes(3);
+    m.predicted_static_bytes = bytes(4);
+    if (memory_->calibrated()) m.predicted_uncalibrated_peak_bytes = bytes(6);
+    if (device_.is_cuda()) {
+      m.predicted_reserved_bytes = bytes(7);
+      m.predicted_device_bytes = bytes(8);
+    }
     memory_->record(state_.step, *m.predicted_peak_bytes, m.peak_allocated_bytes,
                     work.oom_retries == 0);
   }
-  if (device_.is_cuda()) m.peak_reserved_bytes = stats.peak_reserved_bytes;
+  if (device_.is_cuda()) {
+    m.peak_reserved_bytes = stats.peak_reserved_bytes;
+    m.device_overhead_bytes = bytes(9);
+  }
   m.tokens_per_s = m.tokens / (m.step_ms_max / 1000.0);
   m.samples_per_s = m.samples / (m.step_ms_max / 1000.0);
   if (device_.is_cuda()) {
@@ -360,6 +377,7 @@ ExitCode Trainer::run() {
   resume_if_possible();
   const int64_t first_step = state_.step;
   metrics_ = std::make_unique<MetricsSink>(run_dir_ / "metrics.jsonl", comm_->rank(), first_step);
+  metrics_->write(memory_->run_record(first_step));
   if (config_.output.sample_ledger) {
     ledger_ = std::make_unique<MetricsSink>(run_dir_ / "samples.jsonl", comm_->rank(), first_step);
   }

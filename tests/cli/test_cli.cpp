@@ -1,6 +1,12 @@
 // The executable's contract with job scripts: exit codes and one-line errors.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
 #include "core/error.h"
 #include "support/test_support.h"
 
@@ -10,6 +16,7 @@ using vlm::test::write_file;
 
 namespace {
 constexpr int kUsage = static_cast<int>(vlm::ExitCode::kUsage);
+constexpr int kData = static_cast<int>(vlm::ExitCode::kData);
 
 // Errors are one line starting with "error: " and never a stack trace.
 void check_one_line_error(const vlm::test::CommandResult& r, const std::string& needle) {
@@ -92,4 +99,136 @@ TEST_CASE("docs/config.md lists exactly the current schema") {
   REQUIRE(to != std::string::npos);
   INFO("regenerate the table with: vlmtrain config --schema --markdown");
   CHECK(doc.substr(from + begin.size(), to - from - begin.size()) == r.output);
+}
+
+namespace {
+
+// A short CPU run of the tiny model on a small demo dataset (fp32, one thread: the memory
+// model predicts every step exactly), written to `out`.
+std::string tiny_run(const TempDir& dir, const std::string& out, int steps,
+                     const std::string& extra = "") {
+  const auto data = dir / "demo";
+  if (!std::filesystem::exists(data / "train.jsonl")) {
+    const auto r = run_vlmtrain("make-demo-data --out '" + data.string() +
+                                "' --samples 160 --val-samples 0 --seed 5");
+    REQUIRE(r.exit_code == 0);
+  }
+  return "train --set model.preset=tiny --set 'data.train=[{path: " +
+         (data / "train.jsonl").string() +
+         "}]' --set data.max_img_size=128 --set packing.max_seq_len=256 "
+         "--set data.max_sample_length=256 --set packing.max_images_per_knapsack=8 "
+         "--set train.max_steps=" +
+         std::to_string(steps) +
+         " --set train.warmup_steps=2 --set train.precision=fp32 --set train.threads=1 "
+         "--set data.workers=1 --set output.dir='" +
+         out + "' " + extra;
+}
+
+std::vector<nlohmann::json> metrics_records(const std::string& run, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(std::filesystem::path(run) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == type) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("calibrate-memory fits a CPU run as the identity and the file round-trips into a run") {
+  TempDir dir;
+  const std::string run = (dir / "run").string(), cal = (dir / "calibration.json").string();
+  auto r = run_vlmtrain(tiny_run(dir, run, 6));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto runs = metrics_records(run, "run");
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0]["device"] == "cpu");
+  CHECK(runs[0]["world_size"] == 1);
+
+  r = run_vlmtrain("calibrate-memory --run '" + run + "' --out '" + cal + "'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("added the entry for cpu") != std::string::npos);
+  auto file = nlohmann::json::parse(vlm::test::read_file(cal));
+  CHECK(file["format"] == "vlmtrain-memory-calibration");
+  REQUIRE(file["entries"].size() == 1);
+  const auto entry = file["entries"][0];
+  CHECK(entry["device"] == "cpu");
+  CHECK(std::regex_match(entry["torch"].get<std::string>(), std::regex(R"(\d+\.\d+)")));
+  // The CPU prediction is exact, so the fit is the identity.
+  CHECK(std::abs(entry["activation_scale"].get<double>() - 1.0) < 1e-9);
+  CHECK(entry["allocated_offset_bytes"] == 0);
+  CHECK(entry["fragmentation"].is_null());
+  CHECK(entry["cuda_context_bytes"].is_null());
+  CHECK(entry["fit"]["steps"].get<int64_t>() >= 5);
+  CHECK(entry["fit"]["residual_max_bytes"] == 0);
+
+  // Fitting again replaces the entry instead of adding one.
+  r = run_vlmtrain("calibrate-memory --run '" + run + "' --out '" + cal + "'");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("replaced the entry for cpu") != std::string::npos);
+  CHECK(nlohmann::json::parse(vlm::test::read_file(cal))["entries"].size() == 1);
+
+  // A run with the file uses the entry (said once in the log) and predicts the same bytes.
+  const std::string second = (dir / "second").string();
+  r = run_vlmtrain(tiny_run(dir, second, 2, "--set memory.calibration='" + cal + "'"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("memory calibration: " + cal + " entry cpu / LibTorch") != std::string::npos);
+  const auto steps = metrics_records(second, "step");
+  REQUIRE(steps.size() == 2);
+  for (const auto& step : steps) {
+    CHECK(step["memory/predicted_peak_bytes"] == step["memory/predicted_uncalibrated_peak_bytes"]);
+    CHECK(step["memory/predicted_peak_bytes"] == step["memory/peak_allocated_bytes"]);
+  }
+  CHECK(metrics_records(second, "run")[0]["memory_calibration"]["device"] == "cpu");
+}
+
+TEST_CASE("calibrate-memory and memory.calibration refuse bad input with the documented codes") {
+  TempDir dir;
+  auto r = run_vlmtrain("calibrate-memory --run '" + (dir / "none").string() + "'");
+  CHECK(r.exit_code == kUsage);
+  check_one_line_error(r, "not a directory");
+
+  // A malformed metrics line: a data error at file:line.
+  const auto run = dir / "run";
+  const std::string metrics = write_file(run / "metrics.jsonl", "{\"type\": \"run\"}\n{oops\n");
+  r = run_vlmtrain("calibrate-memory --run '" + run.string() + "'");
+  CHECK(r.exit_code == kData);
+  check_one_line_error(r, metrics + ":1: metrics record: missing string \"device\"");
+
+  // A run without predictions, and too short a run: data errors that say why.
+  const std::string header =
+      R"({"type": "run", "step": 0, "device": "cpu", "torch_version": "1.13.0", "world_size": 1,)"
+      R"( "memory_corrections": {"activation_scale": 1, "allocated_offset_bytes": 0,)"
+      R"( "fragmentation": 0.1, "cuda_context_bytes": 0}})"
+      "\n";
+  write_file(run / "metrics.jsonl", header + R"({"type": "step", "step": 1, "oom_retries": 0})"
+                                             "\n");
+  r = run_vlmtrain("calibrate-memory --run '" + run.string() + "'");
+  CHECK(r.exit_code == kData);
+  check_one_line_error(r, "none of the 1 step records has a memory prediction");
+  write_file(run / "metrics.jsonl",
+             header + R"({"type": "step", "step": 1, "memory/predicted_peak_bytes": 10,)"
+                      R"( "memory/predicted_static_bytes": 5, "memory/peak_allocated_bytes": 10,)"
+                      R"( "oom_retries": 0})"
+                      "\n");
+  r = run_vlmtrain("calibrate-memory --run '" + run.string() + "'");
+  CHECK(r.exit_code == kData);
+  check_one_line_error(r, "at least 5 steps");
+
+  // A malformed calibration file is a usage error, at start and before anything is trained.
+  const std::string bad = write_file(dir / "bad.json", "{\"format\": 1}");
+  r = run_vlmtrain(
+      tiny_run(dir, (dir / "out").string(), 2, "--set memory.calibration='" + bad + "'"));
+  CHECK(r.exit_code == kUsage);
+  CHECK(r.output.find(bad + ": memory calibration file: $.format: expected a string") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
+  r = run_vlmtrain(tiny_run(dir, (dir / "out").string(), 2,
+                            "--set memory.calibration='" + (dir / "missing.json").string() + "'"));
+  CHECK(r.exit_code == kUsage);
+  CHECK(r.output.find("memory calibration file not found") != std::string::npos);
 }

@@ -279,3 +279,15 @@ TEST_CASE("the schema lists every key with type, default and doc") {
   CHECK(find("train.precision")->type == "enum");
   CHECK(find("train.precision")->allowed == "one of: bf16, fp16, fp32");
 }
+
+TEST_CASE("memory.calibration: a path, empty by default, from a file or --set") {
+  CHECK(load_config("").config.memory.calibration.empty());
+  TempDir dir;
+  const auto path = write_file(dir / "c.yaml", "memory:\n  calibration: cal/h100.json\n");
+  const auto loaded = load_config(path);
+  CHECK(loaded.config.memory.calibration == "cal/h100.json");
+  CHECK(loaded.where("memory.calibration").str() == path + ":2:16");
+  CHECK(load_config(path, {"memory.calibration=other.json"}).config.memory.calibration ==
+        "other.json");
+  CHECK(error_of("memory:\n  calibration: [a, b]\n").find("FILE:2:16: memory.calibration") == 0);
+}

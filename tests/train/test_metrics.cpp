@@ -36,6 +36,28 @@ StepMetrics step_metrics(int64_t step) {
 
 }  // namespace
 
+CATCH_TEST_CASE("a step record carries the device layers of the memory prediction when set",
+                "[metrics]") {
+  StepMetrics m = step_metrics(3);
+  json record = m.to_json();
+  for (const char* key :
+       {"memory/predicted_uncalibrated_peak_bytes", "memory/predicted_reserved_bytes",
+        "memory/predicted_device_bytes", "memory/device_overhead_bytes"}) {
+    CATCH_CHECK_FALSE(record.contains(key));  // CPU, uncalibrated: absent
+  }
+  m.predicted_peak_bytes = 1000;
+  m.predicted_uncalibrated_peak_bytes = 900;
+  m.predicted_reserved_bytes = 2000;
+  m.predicted_device_bytes = 3000;
+  m.device_overhead_bytes = 400;
+  record = m.to_json();
+  CATCH_CHECK(record["memory/predicted_peak_bytes"] == 1000);
+  CATCH_CHECK(record["memory/predicted_uncalibrated_peak_bytes"] == 900);
+  CATCH_CHECK(record["memory/predicted_reserved_bytes"] == 2000);
+  CATCH_CHECK(record["memory/predicted_device_bytes"] == 3000);
+  CATCH_CHECK(record["memory/device_overhead_bytes"] == 400);
+}
+
 CATCH_TEST_CASE("a step record has flat group/name keys", "[metrics]") {
   StepMetrics m = step_metrics(7);
   m.grad_norm = std::numeric_limits<double>::quiet_NaN();

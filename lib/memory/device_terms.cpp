@@ -1,0 +1,182 @@
+#include "memory/device_terms.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+
+#include "memory/parameter_tensors.h"
+
+namespace vlm::memory {
+namespace {
+
+int64_t round_up(int64_t n, int64_t unit) { return (n + unit - 1) / unit * unit; }
+
+// cuBLAS handles that get a workspace in a training step: LibTorch keys workspaces by
+// (handle, stream) and handles are thread-local (CublasHandlePool.cpp); the forward runs on
+// the trainer's thread, the backward on autograd's worker thread for the device
+// (torch/csrc/autograd/engine.cpp), both on the same stream.
+constexpr int64_t kCublasHandles = 2;
+
+// Blocks, class by class, and the segments they take when packed without gaps in the order
+// they were allocated: small blocks share 2 MiB segments, 1-10 MiB blocks 20 MiB ones, a
+// larger block has its own segment rounded up to 2 MiB.
+struct SegmentPacking {
+  int64_t small = 0, medium = 0, large_segments = 0, blocks = 0;
+
+  void add(int64_t block) {
+    blocks += block;
+    if (block <= kCudaSmallSize) {
+      small += block;
+    } else if (block < kCudaMinLargeAlloc) {
+      medium += block;
+    } else {
+      large_segments += cuda_segment_bytes(block);
+    }
+  }
+  int64_t segments() const {
+    return round_up(small, kCudaSmallBuffer) + round_up(medium, kCudaLargeBuffer) + large_segments;
+  }
+};
+
+// Every tensor of the model states live before the step, in bytes as stored.
+std::vector<int64_t> static_tensors(const MemorySpec& spec, StepState before) {
+  std::vector<int64_t> out;
+  for (const ParameterTensor& t : parameter_tensors(spec)) {
+    out.push_back(t.bytes());
+    if (!t.trainable) continue;
+    if (before.gradients) out.push_back(4 * t.elements);
+    if (before.moments) out.insert(out.end(), 2, 4 * t.elements);  // exp_avg, exp_avg_sq
+  }
+  return out;
+}
+
+int64_t llround_bytes(double bytes) { return static_cast<int64_t>(std::llround(bytes)); }
+
+}  // namespace
+
+int64_t cuda_block_bytes(int64_t request) {
+  return request <= 0 ? 0 : round_up(request, kCudaMinBlockSize);
+}
+
+int64_t cuda_segment_bytes(int64_t block) {
+  if (block <= 0) return 0;
+  if (block <= kCudaSmallSize) return kCudaSmallBuffer;
+  if (block < kCudaMinLargeAlloc) return kCudaLargeBuffer;
+  return round_up(block, kCudaRoundLarge);
+}
+
+std::string TorchVersion::str() const {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+std::optional<TorchVersion> parse_torch_version(std::string_view text) {
+  static const std::regex pattern(R"(^(\d{1,3})\.(\d{1,3})(\.\d+)?([+a-z].*)?$)");
+  const std::string s(text);
+  std::smatch m;
+  if (!std::regex_match(s, m, pattern)) return std::nullopt;
+  return TorchVersion{std::stoi(m[1]), std::stoi(m[2])};
+}
+
+DeviceTarget DeviceTarget::cpu() { return DeviceTarget{}; }
+
+DeviceTarget DeviceTarget::cuda_device(GpuInfo gpu, TorchVersion torch, int64_t ranks) {
+  DeviceTarget t;
+  t.cuda = true;
+  t.gpu = std::move(gpu);
+  t.torch = torch;
+  t.ranks = ranks;
+  return t;
+}
+
+std::string DeviceTarget::device_key() const { return cuda ? gpu.name : "cpu"; }
+
+std::vector<std::pair<std::string, int64_t>> DeviceBreakdown::terms() const {
+  return {{"tensors", tensors},
+          {"block_rounding", block_rounding},
+          {"cublas_workspaces", cublas_workspaces},
+          {"calibration", calibration},
+          {"allocated", allocated},
+          {"segment_slack", segment_slack},
+          {"fragmentation", fragmentation},
+          {"reserved", reserved},
+          {"cuda_context", cuda_context},
+          {"cublas_outside", cublas_outside},
+          {"nccl_buffers", nccl_buffers},
+          {"device", device}};
+}
+
+int64_t static_tensor_bytes(const MemorySpec& spec, StepState before, bool rounded) {
+  int64_t total = 0;
+  for (int64_t bytes : static_tensors(spec, before)) {
+    total += rounded ? cuda_block_bytes(bytes) : bytes;
+  }
+  return total;
+}
+
+int64_t cublas_workspace_bytes(const DeviceTarget& target) {
+  // parseChosenWorkspaceSize: every ":SIZE:COUNT" pair adds SIZE KiB COUNT times; a value with
+  // none falls back to the default (with a warning).
+  static const std::regex pair(":([0-9]+):([0-9]+)");
+  const std::string& config = target.cublas_workspace_config;
+  int64_t configured = 0;
+  bool any = false;
+  for (std::sregex_iterator it(config.begin(), config.end(), pair), end; it != end; ++it) {
+    configured += std::stoll((*it)[1]) * 1024 * std::stoll((*it)[2]);
+    any = true;
+  }
+  if (any) return configured;
+  return target.gpu.compute_capability == 90 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8;
+}
+
+DeviceBreakdown device_breakdown(const MemorySpec& spec, StepState before, int64_t tensor_peak,
+                                 int64_t tensor_static, const DeviceTarget& target,
+                                 const DeviceCorrections& corrections) {
+  DeviceBreakdown b;
+  b.cuda = target.cuda;
+  b.tensors = tensor_peak;
+  b.static_tensors = tensor_static;
+  SegmentPacking packing;
+  if (target.cuda) {
+    for (int64_t bytes : static_tensors(spec, before)) {
+      b.block_rounding += cuda_block_bytes(bytes) - bytes;
+      packing.add(cuda_block_bytes(bytes));
+    }
+    // LibTorch 2.0 allocates each handle's workspace through the caching allocator
+    // (CublasHandlePool.cpp, getNewWorkspace); in 1.13 cuBLAS allocated its own.
+    const int64_t workspace = cublas_workspace_bytes(target);
+    // ROCm's hipBLAS workspaces follow other rules and are left to calibration.
+    for (int64_t k = 0; k < kCublasHandles && target.gpu.nvidia; ++k) {
+      if (target.torch.at_least(2, 0)) {
+        b.cublas_workspaces += cuda_block_bytes(workspace);
+        packing.add(cuda_block_bytes(workspace));
+      } else {
+        b.cublas_outside += workspace;
+      }
+    }
+  }
+  const int64_t uncalibrated = tensor_peak + b.block_rounding + b.cublas_workspaces;
+  // The scale applies to the part of the step above the model states, the offset to the whole.
+  const double above = static_cast<double>(uncalibrated - tensor_static);
+  b.allocated = tensor_static + llround_bytes(corrections.activation_scale * above) +
+                corrections.allocated_offset_bytes;
+  b.calibration = b.allocated - uncalibrated;
+  b.reserved = b.allocated;
+  b.device = b.allocated;
+  if (!target.cuda) return b;
+
+  b.segment_slack = packing.segments() - packing.blocks;
+  const int64_t transient = std::max<int64_t>(0, b.allocated - tensor_static);
+  b.fragmentation = llround_bytes(corrections.fragmentation * static_cast<double>(transient));
+  b.reserved = b.allocated + b.segment_slack + b.fragmentation;
+  b.cuda_context = corrections.cuda_context_bytes;
+  if (target.ranks > 1) {
+    // Per channel, the ring's connections to the previous and the next rank, each with the
+    // buffers of the three protocols (Simple: NCCL_BUFFSIZE, LL, LL128).
+    b.nccl_buffers =
+        target.nccl_channels * 2 * (target.nccl_buffsize + kNcclLlBuffSize + kNcclLl128BuffSize);
+  }
+  b.device = b.reserved + b.cuda_context + b.cublas_outside + b.nccl_buffers;
+  return b;
+}
+
+}  // namespace vlm::memory

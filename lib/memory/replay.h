@@ -93,6 +93,8 @@ std::vector<int64_t> language_parameters(const Lm& x);
 // the input's gradient buffer already holds the residual branch's gradient; `checkpoint_input`
 // and `holds_incoming`: inside a checkpointed block's backward (replay_language.cpp).
 void rms_norm_forward(Timeline& t, const Lm& x);
+// The same without a graph (a checkpointed block's forward): only y stays.
+void rms_norm_forward_nograd(Timeline& t, const Lm& x);
 void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
                        bool checkpoint_input = false, bool holds_incoming = false);
 

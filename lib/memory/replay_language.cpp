@@ -47,6 +47,19 @@ void rms_norm_forward(Timeline& t, const Lm& x) {
   t.alloc(hidden);                        // y = n * w
 }
 
+// RMSNorm forward without a graph (inside a checkpointed block's forward): x^2, its mean, the
+// mean + eps, rsqrt and x * r, then the statement's temporaries die; n * w; n dies at return.
+void rms_norm_forward_nograd(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, row = e * x.N;
+  t.alloc(hidden + row);  // x^2, its mean
+  t.alloc(kWrappedScalar + row);
+  t.free(kWrappedScalar);
+  t.alloc(row + hidden);         // rsqrt, x * r
+  t.free(hidden + 3 * row);      // x^2, mean, mean + eps, rsqrt
+  t.alloc(hidden);               // y = n * w
+  t.free(hidden);                // n
+}
+
 namespace {
 
 // q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
@@ -144,19 +157,6 @@ void block_forward_frozen(Timeline& t, const Lm& x) {
   t.free(mlp);                // the product
   t.alloc(hidden);            // out = h + down, kept by the next norm
   t.free(2 * hidden);         // down, y2
-}
-
-// RMSNorm forward without a graph (inside a checkpointed block's forward): x^2, its mean, the
-// mean + eps, rsqrt and x * r, then the statement's temporaries die; n * w; n dies at return.
-void rms_norm_forward_nograd(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N;
-  t.alloc(hidden + row);  // x^2, its mean
-  t.alloc(kWrappedScalar + row);
-  t.free(kWrappedScalar);
-  t.alloc(row + hidden);         // rsqrt, x * r
-  t.free(hidden + 3 * row);      // x^2, mean, mean + eps, rsqrt
-  t.alloc(hidden);               // y = n * w
-  t.free(hidden);                // n
 }
 
 // One decoder block's forward without a graph (CheckpointFunction::forward runs it under

@@ -9,6 +9,7 @@
 //   weight gradient to fp32 before AccumulateGrad), and bf16 products need contiguous operands
 //   (ATen's is_mkldnn_optimized_format): strided per-head views are copied first.
 #include "memory/replay.h"
+#include "memory/saved_activations.h"
 
 namespace vlm::memory::replay {
 namespace {
@@ -92,6 +93,170 @@ void segment_forward(Timeline& t, const Lm& x, int64_t L) {
   t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, false, false));
   t.free(v_copy);
   t.free(scores + L * L);  // the masked scores, the causal mask
+}
+
+// A linear without a graph (a checkpointed block's forward): the copies die after the product,
+// the output stays.
+void linear_forward_nograd(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out,
+                           bool cast_input) {
+  const int64_t copies = h * in * out + (cast_input ? h * rows * in : 0);
+  linear_forward(t, x, rows, in, out, cast_input);
+  t.free(copies);
+}
+
+// RoPE without a graph: everything but the sum dies, the bf16 cos and sin too.
+void rotary_bf16_nograd(Timeline& t, const Lm& x, int64_t width) {
+  t.alloc(2 * h * x.N * x.hd);
+  t.alloc(width / 2 + width);
+  t.free(width / 2);
+  t.alloc(3 * width);
+  t.free(3 * width + 2 * h * x.N * x.hd);
+  t.free(width);
+}
+
+// Per segment, the math attention without a graph: the masks, scores and probabilities die
+// within the segment; its output stays.
+void segment_forward_nograd(Timeline& t, const Lm& x, int64_t L) {
+  const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
+  const HeadLayout layout = head_layout(x, L);
+  const bool onednn = x.Hq * L * x.hd * L > 16 * 16 * 16;
+  t.alloc(L * L);
+  t.alloc(L * L);
+  t.free(L * L);
+  t.alloc(scores);
+  const int64_t qk_copies =
+      onednn ? (layout.q_copied ? rows : 0) + (layout.kv_copied ? rows : 0) : 0;
+  t.alloc(qk_copies);
+  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, x.hd, L, false, true));
+  t.free(qk_copies);
+  t.transient(kWrappedScalar + h + scores);
+  t.alloc(scores);
+  t.free(scores);           // the unscaled scores
+  t.alloc(L * L + scores);  // logical_not, masked_fill
+  t.free(scores + L * L);   // the scaled scores, logical_not
+  t.alloc(2 * 2 * scores);  // the fp32 copy, the probabilities
+  t.free(2 * scores);
+  t.alloc(scores);          // their bf16 copy
+  t.free(2 * scores);       // the fp32 probabilities
+  const int64_t v_copy = onednn && layout.kv_copied ? rows : 0;
+  t.alloc(rows + v_copy);
+  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, false, false));
+  t.free(v_copy);
+  t.free(2 * scores + L * L);  // the bf16 probabilities, the masked scores, the causal mask
+}
+
+// One decoder block's forward without a graph under autocast (CheckpointFunction::forward):
+// the output stays.
+void block_forward_nograd_bf16(Timeline& t, const Lm& x) {
+  const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, kv = h * x.N * x.Dkv,
+                mlp = h * x.N * x.F;
+  const bool gqa = x.Hkv < x.Hq;
+  rms_norm_forward_nograd(t, x);  // y1
+  linear_forward_nograd(t, x, x.N, x.D, x.D, true);
+  rotary_bf16_nograd(t, x, hidden);
+  linear_forward_nograd(t, x, x.N, x.D, x.Dkv, true);
+  rotary_bf16_nograd(t, x, kv);
+  linear_forward_nograd(t, x, x.N, x.D, x.Dkv, true);  // v
+  if (gqa) {
+    t.alloc(2 * (hidden + 8 * x.Hq));  // repeat_interleave's keys and values (and indices)
+    t.free(2 * 8 * x.Hq);
+    if (x.B > 1) t.alloc(2 * hidden);  // flat() copies them
+  }
+  for (const int64_t L : x.segments) segment_forward_nograd(t, x, L);
+  t.alloc(hidden);  // torch::cat(outputs)
+  t.free(hidden);   // the outputs
+  if (gqa) t.free((x.B > 1 ? 2 * hidden : 0) + 2 * hidden);
+  t.alloc(hidden);  // the context
+  linear_forward_nograd(t, x, x.N, x.D, x.D, false);
+  t.free(3 * hidden + 2 * kv);  // attended, the context, q, k, v
+  residual_add(t, x);           // h = x + o
+  t.free(stream);               // y1
+  rms_norm_forward_nograd(t, x);  // y2
+  linear_forward_nograd(t, x, x.N, x.D, x.F, true);   // gate
+  linear_forward_nograd(t, x, x.N, x.D, x.F, true);   // up
+  t.alloc(2 * mlp);                                   // silu(gate), the product
+  linear_forward_nograd(t, x, x.N, x.F, x.D, false);  // down
+  t.free(4 * mlp);
+  residual_add(t, x);       // out = h + down
+  t.free(2 * stream);       // y2, h
+}
+
+// summed_cross_entropy (token_loss.cpp:10-16) over `rows` rows under autocast: the head's bf16
+// copy (an explicit cast) and the rows' (autocast's), the bf16 logits and the product's
+// scratchpad, the fp32 logits (the bf16 ones die), log-probabilities, loss and total weight.
+// With a graph both copies are kept; without one (a checkpointed chunk's forward) they die.
+// On return the fp32 logits, the log-probabilities, the loss and the total weight are live.
+void cross_entropy_forward(Timeline& t, const Lm& x, int64_t rows, bool graph = true) {
+  const int64_t logits = e * rows * x.V, copies = h * x.V * x.D + h * rows * x.D;
+  t.alloc(copies + logits / 2);
+  t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.D, x.V, false, true));
+  if (!graph) t.free(copies);
+  t.alloc(logits);
+  t.free(logits / 2);
+  t.alloc(logits + 4 + 4);
+}
+
+// The backward of summed_cross_entropy with a graph, from the root of its loss to the rows'
+// and the head's fp32 gradients (live on return, `rows` x D and V x D): NLL's and
+// log-softmax's gradients (then the total weight, the kept log-probabilities and the targets
+// are released: `targets` bytes), the fp32 logits' ToCopyBackward0 to bf16, the product's
+// backward (the head's gradient first, as the transposed operand), then the rows' copy's and
+// the head copy's ToCopyBackward0 to fp32.
+void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targets) {
+  const int64_t logits = e * rows * x.V, head = e * x.V * x.D, grad_rows = e * rows * x.D;
+  t.alloc(logits);
+  t.free(targets + 4);
+  t.alloc(logits);
+  t.free(2 * logits);
+  t.alloc(logits / 2);
+  t.free(logits);
+  t.alloc(head / 2);
+  t.transient(bf16_matmul_scratch(x.threads, 0, x.V, rows, x.D, true, false));
+  t.alloc(grad_rows / 2);
+  t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.V, x.D, false, false));
+  t.free(logits / 2 + grad_rows / 2 + head / 2);
+  t.alloc(grad_rows);
+  t.free(grad_rows / 2);
+  t.alloc(head);
+  t.free(head / 2);
+}
+
+// The chunked loss's backward (token_loss.cpp:38-47) under autocast, as in fp32
+// (replay_language.cpp, chunked_loss_backward) with the autocast recompute: per chunk, last
+// first, the RNG state around the recompute with a graph, its backward to the chunk rows' and
+// the head's fp32 gradients, SliceBackward0 into the rows' buffer; the engine sums later
+// chunks' gradients out of place. Then `hidden.sum() * 0.0`'s gradient and
+// IndexSelectBackward0 into the final norm's buffer.
+void chunked_loss_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
+  const int64_t head = e * x.V * x.D, stream = e * x.N * x.D, rows = e * x.Ns * x.D;
+  for (size_t k = x.loss_chunks.size(); k-- > 0;) {
+    const int64_t c = x.loss_chunks[k];
+    const bool first_processed = k + 1 == x.loss_chunks.size();
+    t.alloc(kCpuRngStateBytes);
+    cross_entropy_forward(t, x, c);
+    t.free(e * c * x.V);  // the fp32 logits
+    t.free(kCpuRngStateBytes);
+    cross_entropy_backward(t, x, c, /*targets=*/0);  // the chunk's targets are a view
+    t.free(4);                                       // the recomputed loss
+    if (k == 0) t.free(rows);  // the last chunk releases the rows
+    if (!first_processed) {
+      t.transient(head);
+      t.free(head);
+    }
+    if (k == 0 && !x.tied) accumulate_grad(t, head, first_step);
+    t.alloc(rows);  // SliceBackward0
+    t.free(e * c * x.D);
+    if (!first_processed) {
+      t.transient(rows);
+      t.free(rows);
+    }
+  }
+  t.transient(24);
+  t.alloc(4);
+  t.alloc(stream);
+  t.free(rows + 8 * x.Ns);
+  t.alloc(stream);
+  t.free(4 + stream);
 }
 
 // One trained decoder block (language_model.cpp:105-110) under autocast.
@@ -227,29 +392,33 @@ void attention_backward_bf16(Timeline& t, const Lm& x) {
 
 // One trained decoder block's backward under autocast, from its output's fp32 gradient g
 // (live), in the engine's order.
-void block_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
+void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested = false) {
+  // nested: inside a checkpointed block's backward, autograd::grad captures the weights'
+  // gradients until it returns.
+  const bool keep = first_step || nested;
   const int64_t hidden = h * x.N * x.D, kv = h * x.N * x.Dkv, mlp = h * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
   // MLP. `h + down` hands g to h and, converted to bf16, to down.
   t.alloc(hidden);
   linear_backward(t, x, x.N, x.F, x.D);  // down; it kept the product
-  weight_to_fp32(t, x.D * x.F, first_step);
+  weight_to_fp32(t, x.D * x.F, keep);
   t.alloc(2 * mlp);  // MulBackward0 (silu * up)
   t.free(3 * mlp);
   t.alloc(mlp);      // SiluBackward0
   t.free(2 * mlp);
   linear_backward(t, x, x.N, x.D, x.F);  // up
   input_to_fp32(t, x, false);
-  weight_to_fp32(t, x.D * x.F, first_step);
+  weight_to_fp32(t, x.D * x.F, keep);
   linear_backward(t, x, x.N, x.D, x.F);  // gate
   input_to_fp32(t, x, true);
-  weight_to_fp32(t, x.D * x.F, first_step);
-  rms_norm_backward(t, x, first_step, /*residual=*/true);  // norm2, into h's gradient
+  weight_to_fp32(t, x.D * x.F, keep);
+  rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/false,
+                    /*holds_incoming=*/nested);  // norm2, into h's gradient
   // `x + o` hands h's gradient to x and, converted to bf16, to o; out_proj (its input, the
   // context, was bf16: no cast).
   t.alloc(hidden);
   linear_backward(t, x, x.N, x.D, x.D);  // it kept the context
-  weight_to_fp32(t, x.D * x.D, first_step);
+  weight_to_fp32(t, x.D * x.D, keep);
   attention_backward_bf16(t, x);
   // v, k, q (created last first).
   if (gqa) {
@@ -262,7 +431,7 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
   t.free(kv);
   linear_backward(t, x, x.N, x.D, x.Dkv);
   input_to_fp32(t, x, false);
-  weight_to_fp32(t, x.D * x.Dkv, first_step);
+  weight_to_fp32(t, x.D * x.Dkv, keep);
   for (const bool q : {false, true}) {
     const int64_t width = q ? hidden : kv, cast = h * x.N * x.hd;
     t.alloc(width);  // grad * s
@@ -277,9 +446,25 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
     t.free(width);
     linear_backward(t, x, x.N, x.D, q ? x.D : x.Dkv);
     input_to_fp32(t, x, true);
-    weight_to_fp32(t, x.D * (q ? x.D : x.Dkv), first_step);
+    weight_to_fp32(t, x.D * (q ? x.D : x.Dkv), keep);
   }
-  rms_norm_backward(t, x, first_step, /*residual=*/true);  // norm1
+  rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/nested);  // norm1
+}
+
+
+// A checkpointed block's backward under autocast (activation_checkpoint.cpp:67-102), as in
+// fp32: the RNG state around the recompute with a graph, the nested backward, then the
+// recomputed output, the output's gradient and the saved input die; on later steps the
+// captured parameter gradients are added into .grad and freed.
+void checkpointed_block_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
+  const int64_t stream = e * x.N * x.D;
+  const int64_t parameters = e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
+  t.alloc(kCpuRngStateBytes);
+  block_forward_bf16(t, x);
+  t.free(kCpuRngStateBytes);
+  block_backward_bf16(t, x, first_step, /*nested=*/true);
+  t.free(3 * stream);
+  if (!first_step) t.free(parameters);
 }
 
 }  // namespace
@@ -290,9 +475,18 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
   t.transient(3 * 8 * x.N + kWrappedScalar);  // segment_ids
   t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
   t.alloc(tables);
-  for (int64_t i = 0; i < x.Ll; ++i) block_forward_bf16(t, x);
+  for (int64_t i = 0; i < x.Ll; ++i) {
+    if (x.checkpoint) {
+      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd_bf16(t, x);
+    } else {
+      block_forward_bf16(t, x);
+    }
+  }
   rms_norm_forward(t, x);  // the final norm
-  t.free(tables);  // the products kept bf16 copies: the fp32 tables die with forward's scope
+  // The products kept bf16 copies: the fp32 tables die with the forward's scope, unless the
+  // checkpointed blocks' closures keep them.
+  if (!x.checkpoint) t.free(tables);
   // Loss (token_loss.cpp): as in fp32 up to the rows and the count; then the head's bf16 copy
   // (an explicit cast, kept), the rows' (autocast, kept), bf16 logits and the scratchpad, the
   // fp32 logits (the bf16 ones die), log-probabilities (kept), loss and total weight.
@@ -302,50 +496,49 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
   t.alloc(8 * x.N);
   t.alloc(8);
   t.free(8 * x.N + 4);
-  const int64_t logits = e * x.Ns * x.V;
-  t.alloc(h * x.V * x.D + h * x.Ns * x.D + logits / 2);
-  t.transient(bf16_matmul_scratch(x.threads, 0, x.Ns, x.D, x.V, false, true));
-  t.alloc(logits);
-  t.free(logits / 2);
-  t.alloc(logits + 4 + 4);
-  t.free(logits);
-  t.free(4);                    // the zero loss, replaced
-  t.free(e * x.Ns * x.D);       // the fp32 rows: the product kept their bf16 copy
-  t.free(x.N);                  // supervised
-  t.free(stream);               // hidden
+  if (x.loss_chunks.empty()) {
+    const int64_t logits = e * x.Ns * x.V;
+    cross_entropy_forward(t, x, x.Ns);
+    t.free(logits);
+    t.free(4);               // the zero loss, replaced
+    t.free(e * x.Ns * x.D);  // the fp32 rows: the product kept their bf16 copy
+  } else {
+    // Each chunk checkpointed, its forward without a graph: only its loss comes out, which
+    // `loss.sum + chunk_sum` then replaces; every chunk keeps the RNG state and a view of the
+    // fp32 rows.
+    for (const int64_t rows : x.loss_chunks) {
+      t.alloc(kCpuRngStateBytes);
+      cross_entropy_forward(t, x, rows, /*graph=*/false);
+      t.free(2 * e * rows * x.V + 4);
+      t.alloc(4);
+      t.free(4 + 4);
+    }
+  }
+  t.free(x.N);     // supervised
+  t.free(stream);  // hidden
 }
 
 void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
-  const int64_t stream = e * x.N * x.D;
+  const int64_t rows = e * x.Ns * x.D, head = e * x.V * x.D, stream = e * x.N * x.D;
   t.alloc(4);  // the root gradient
-  // NllLossBackward0 and LogSoftmaxBackward0 as in fp32; the fp32 logits' ToCopyBackward0
-  // converts their gradient to bf16.
-  t.alloc(logits);
-  t.free(8 * x.Ns + 4);
-  t.alloc(logits);
-  t.free(2 * logits);
-  t.alloc(logits / 2);
-  t.free(logits);
-  // The head's MmBackward0: the head's gradient first (as (g^T rows)^T: the head is the
-  // transposed operand), then the rows'; then the logits' gradient, the kept rows and head
-  // copies are freed. Each copy's ToCopyBackward0 converts its gradient to fp32, the rows'
-  // (autocast's, made later) first.
-  t.alloc(head / 2);
-  t.transient(bf16_matmul_scratch(x.threads, 0, x.V, x.Ns, x.D, true, false));
-  t.alloc(rows / 2);
-  t.transient(bf16_matmul_scratch(x.threads, 0, x.Ns, x.V, x.D, false, false));
-  t.free(logits / 2 + rows / 2 + head / 2);
-  t.alloc(rows);
-  t.free(rows / 2);
-  t.alloc(head);
-  t.free(head / 2);
-  // An untied head's gradient reaches its AccumulateGrad; a tied one waits for the embedding's.
-  if (!x.tied) accumulate_grad(t, head, first_step);
-  t.alloc(stream);  // IndexSelectBackward0
-  t.free(rows + 8 * x.Ns);
+  if (x.loss_chunks.empty()) {
+    cross_entropy_backward(t, x, x.Ns, 8 * x.Ns);
+    // An untied head's gradient reaches its AccumulateGrad; a tied one waits for the
+    // embedding's.
+    if (!x.tied) accumulate_grad(t, head, first_step);
+    t.alloc(stream);  // IndexSelectBackward0
+    t.free(rows + 8 * x.Ns);
+  } else {
+    chunked_loss_backward_bf16(t, x, first_step);
+  }
   rms_norm_backward(t, x, first_step, /*residual=*/false);
-  for (int64_t i = x.Ll - 1; i >= 0; --i) block_backward_bf16(t, x, first_step);
+  for (int64_t i = x.Ll - 1; i >= 0; --i) {
+    if (x.checkpoint) {
+      checkpointed_block_backward_bf16(t, x, first_step);
+    } else {
+      block_backward_bf16(t, x, first_step);
+    }
+  }
 }
 
 }  // namespace vlm::memory::replay

@@ -54,10 +54,6 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
     // Replayed so far: a trained decoder on text (replay_language_bf16.cpp).
     if (shape.crops > 0) return "crops under bf16 autocast";
     if (!spec.language.trainable) return "a frozen decoder under bf16 autocast";
-    if (spec.levers.checkpoint_language) return "checkpoint_language under bf16 autocast";
-    if (spec.levers.loss_chunk_tokens > 0 && shape.supervised_tokens > spec.levers.loss_chunk_tokens) {
-      return "loss_chunk_tokens under bf16 autocast";
-    }
   }
   if (!spec.language.trainable && spec.language.parameter_bytes != 4) {
     return "a decoder frozen in bf16 storage";

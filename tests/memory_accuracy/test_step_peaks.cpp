@@ -319,12 +319,10 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
 }
 
 CATCH_TEST_CASE("memory model: step peaks of bf16 autocast text steps, first and steady, to the byte") {
-  // A trained decoder, not checkpointed, the loss unchunked (the replayed bf16 subset); the
-  // oneDNN scratchpad of every bf16 product is in the replay (memory/replay.h).
+  // A trained decoder (the replayed bf16 subset), checkpointed or not, the loss chunked or not;
+  // the oneDNN scratchpad of every bf16 product is in the replay (memory/replay.h).
   sweep(59, 100, /*max_crops=*/0, [](ModelLevers& levers) {
     trained_decoder(levers);
     levers.freeze_vision = levers.freeze_projector = true;
-    levers.checkpoint_language = false;
-    levers.loss_chunk_tokens = 0;
   }, memory::ComputePrecision::kBf16);
 }

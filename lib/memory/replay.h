@@ -64,6 +64,7 @@ struct Vit {
   bool shuffle_copies;
   bool checkpoint;  // model.checkpoint_vision: every block checkpointed
   bool vision_trained, projector_trained;
+  bool bf16 = false;  // train.precision bf16: autocast (replay_vision_bf16.cpp)
   std::vector<int64_t> chunks() const;  // crops per chunk, in forward order
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
@@ -112,5 +113,72 @@ void vision_backward(Timeline& t, const Vit& v, bool first_step);
 // Parameters in AdamW's order (vision decay, vision no-decay, projector), in elements: the
 // vision tower's if `vision`, the projector's if `projector`.
 std::vector<int64_t> vision_parameters(const Vit& v, bool vision, bool projector);
+
+// The same under bf16 autocast (replay_vision_bf16.cpp): on return of the forward the image
+// embeddings are bf16 (2 n I D).
+void vision_forward_bf16(Timeline& t, const Vit& v);
+void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step);
+
+// --- pieces shared by the image path's replays --------------------------------------------
+// One chunk's sizes in fp32 bytes: the residual stream X, the MLP M, the scores A, one
+// statistic per token S.
+struct Chunk {
+  int64_t n, X, M, A, S;
+};
+
+inline Chunk chunk_of(const Vit& v, int64_t n) {
+  return Chunk{n, e * n * v.P * v.d, e * n * v.P * v.m, e * n * v.h * v.P * v.P, e * n * v.P};
+}
+
+// Where one chunk's gradient of a parameter goes. AccumulateGrad runs once every chunk has
+// contributed; until then the engine sums the contributions in its input buffer, out of place
+// in LibTorch 1.13 (old + new: a third tensor for a moment, then both addends die).
+enum class Sink {
+  kKeep,     // the first contribution stays: in the buffer, then as the stolen .grad
+  kAdd,      // added into the buffer (or into the .grad, unchunked), then freed
+  kRelease,  // the last contribution when the .grad exists: added into the buffer, which is
+             // added into the .grad; both freed
+};
+
+struct Sinks {
+  Sink sink;
+  bool chunked;
+};
+
+inline Sinks sinks_of(size_t processed, size_t chunks, bool first_step) {
+  if (chunks == 1) return {first_step ? Sink::kKeep : Sink::kAdd, false};
+  if (processed == 0) return {Sink::kKeep, true};
+  if (processed + 1 == chunks && !first_step) return {Sink::kRelease, true};
+  return {Sink::kAdd, true};
+}
+
+// A gradient of `bytes` (live) reaching its parameter.
+inline void accumulate(Timeline& t, int64_t bytes, const Sinks& s) {
+  if (s.sink == Sink::kKeep) return;
+  if (s.chunked) t.transient(bytes);  // the out-of-place sum beside both addends
+  t.free(s.sink == Sink::kRelease ? 2 * bytes : bytes);
+}
+
+// LayerNorm (native_layer_norm on CPU) on a contiguous input: the output and the mean and
+// rstd per row; the statistics are kept by the backward node, the output by its consumer.
+inline void layer_norm_forward(Timeline& t, const Chunk& c) { t.alloc(c.X + 2 * c.S); }
+
+// Its backward, from the output's gradient (X, live; freed): dX, the weight's and bias's
+// gradients and the [2, threads, d] accumulation buffer at once; the buffer is freed when the
+// kernel ends, the gradient when the node returns, then the saved input and statistics. On
+// return dX is live (added in place into the residual's gradient by the caller, or it is the
+// residual's gradient); the weight and bias gradients have reached their AccumulateGrad.
+inline void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
+                         bool frees_input = true) {
+  const int64_t buffer = e * 2 * v.threads * v.d;
+  t.alloc(c.X + 2 * e * v.d);
+  t.transient(buffer);
+  t.free(c.X);  // the output's gradient
+  // The input (unless a checkpoint keeps it), mean and rstd.
+  t.free((frees_input ? c.X : 0) + 2 * c.S);
+  accumulate(t, e * v.d, sink);
+  accumulate(t, e * v.d, sink);
+}
+
 
 }  // namespace vlm::memory::replay

@@ -37,68 +37,11 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
              s > 1 && spec::image_tokens_per_crop(spec.dims) > 1,
              spec.levers.checkpoint_vision,
              spec.vision.trainable,
-             spec.projector.trainable};
+             spec.projector.trainable,
+             spec.precision == ComputePrecision::kBf16};
 }
 
 namespace {
-
-struct Chunk {
-  int64_t n, X, M, A, S;
-};
-
-Chunk chunk_of(const Vit& v, int64_t n) {
-  return Chunk{n, e * n * v.P * v.d, e * n * v.P * v.m, e * n * v.h * v.P * v.P, e * n * v.P};
-}
-
-// Where one chunk's gradient of a parameter goes. AccumulateGrad runs once every chunk has
-// contributed; until then the engine sums the contributions in its input buffer, out of place
-// in LibTorch 1.13 (old + new: a third tensor for a moment, then both addends die).
-enum class Sink {
-  kKeep,     // the first contribution stays: in the buffer, then as the stolen .grad
-  kAdd,      // added into the buffer (or into the .grad, unchunked), then freed
-  kRelease,  // the last contribution when the .grad exists: added into the buffer, which is
-             // added into the .grad; both freed
-};
-
-struct Sinks {
-  Sink sink;
-  bool chunked;
-};
-
-Sinks sinks_of(size_t processed, size_t chunks, bool first_step) {
-  if (chunks == 1) return {first_step ? Sink::kKeep : Sink::kAdd, false};
-  if (processed == 0) return {Sink::kKeep, true};
-  if (processed + 1 == chunks && !first_step) return {Sink::kRelease, true};
-  return {Sink::kAdd, true};
-}
-
-// A gradient of `bytes` (live) reaching its parameter.
-void accumulate(Timeline& t, int64_t bytes, const Sinks& s) {
-  if (s.sink == Sink::kKeep) return;
-  if (s.chunked) t.transient(bytes);  // the out-of-place sum beside both addends
-  t.free(s.sink == Sink::kRelease ? 2 * bytes : bytes);
-}
-
-// LayerNorm (native_layer_norm on CPU) on a contiguous input: the output and the mean and
-// rstd per row; the statistics are kept by the backward node, the output by its consumer.
-void layer_norm_forward(Timeline& t, const Chunk& c) { t.alloc(c.X + 2 * c.S); }
-
-// Its backward, from the output's gradient (X, live; freed): dX, the weight's and bias's
-// gradients and the [2, threads, d] accumulation buffer at once; the buffer is freed when the
-// kernel ends, the gradient when the node returns, then the saved input and statistics. On
-// return dX is live (added in place into the residual's gradient by the caller, or it is the
-// residual's gradient); the weight and bias gradients have reached their AccumulateGrad.
-void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
-                         bool frees_input = true) {
-  const int64_t buffer = e * 2 * v.threads * v.d;
-  t.alloc(c.X + 2 * e * v.d);
-  t.transient(buffer);
-  t.free(c.X);  // the output's gradient
-  // The input (unless a checkpoint keeps it), mean and rstd.
-  t.free((frees_input ? c.X : 0) + 2 * c.S);
-  accumulate(t, e * v.d, sink);
-  accumulate(t, e * v.d, sink);
-}
 
 // A linear with bias backward. LibTorch 1.13's linear on a 3-D input is matmul, then the bias
 // added in place, so two nodes run: the in-place add's, whose bias gradient is the engine's
@@ -375,6 +318,7 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
 }  // namespace
 
 void vision_forward(Timeline& t, const Vit& v) {
+  if (v.bf16) return vision_forward_bf16(t, v);
   const auto chunks = v.chunks();
   for (const int64_t n : chunks) chunk_forward(t, v, chunk_of(v, n));
   if (chunks.size() > 1) {
@@ -386,6 +330,7 @@ void vision_forward(Timeline& t, const Vit& v) {
 }
 
 void vision_backward(Timeline& t, const Vit& v, bool first_step) {
+  if (v.bf16) return vision_backward_bf16(t, v, first_step);
   const auto chunks = v.chunks();
   const int64_t images = e * v.crops * v.I * v.D;
   for (size_t k = chunks.size(); k-- > 0;) {

@@ -52,7 +52,16 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
   if (spec.precision == ComputePrecision::kBf16) {
     // Replayed so far: a trained decoder on text (replay_language_bf16.cpp).
-    if (shape.crops > 0) return "crops under bf16 autocast";
+    if (shape.crops > 0) {
+      // Replayed so far: the ViT and the projector trained, one chunk, not checkpointed.
+      if (!spec.vision.trainable || !spec.projector.trainable) {
+        return "a frozen vision tower or projector under bf16 autocast";
+      }
+      if (spec.levers.checkpoint_vision) return "checkpoint_vision under bf16 autocast";
+      if (spec.levers.vision_chunk_crops > 0 && shape.crops > spec.levers.vision_chunk_crops) {
+        return "vision_chunk_crops under bf16 autocast";
+      }
+    }
     if (!spec.language.trainable) return "a frozen decoder under bf16 autocast";
   }
   if (!spec.language.trainable && spec.language.parameter_bytes != 4) {
@@ -98,10 +107,14 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   // Without a trained module on the image path its embeddings need no gradient: index_copy
   // keeps nothing of them, and they die with input_embeddings.
   const bool image_graph = spec.vision.trainable || spec.projector.trainable;
+  // Under autocast the projector's bf16 output is converted to fp32 first (2 n I D beside
+  // 4 n I D), and only the fp32 copy is kept by index_copy.
+  const int64_t images_bf16 = v.bf16 ? images / 2 : 0;
   if (crops) {
     replay::vision_forward(forward, v);
+    if (v.bf16) forward.alloc(images);
     forward.alloc(hidden);
-    forward.free(hidden + (image_graph ? 0 : images));
+    forward.free(hidden + images_bf16 + (image_graph ? 0 : images));
   }
   replay::language_forward(forward, x);
   p.forward = forward.peak;
@@ -119,6 +132,9 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   if (crops && image_graph) {
     backward.alloc(token_gradient + images);
     backward.free(hidden + images);
+    // Autocast: the fp32 copy's ToCopyBackward0 converts the gradient to bf16.
+    backward.alloc(images_bf16);
+    if (v.bf16) backward.free(images);
     replay::vision_backward(backward, v, first_step);
   } else if (crops) {
     backward.alloc(hidden);  // index_fill only

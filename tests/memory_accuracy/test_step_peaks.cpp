@@ -251,21 +251,24 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
   unmodelled(fp32, unsupervised);
 }
 
-CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward, to the byte") {
-  // In a whole step the image path's moments are rarely the step's peak (the decoder's saved
-  // bytes and the loss usually are), so its replay is held to the allocator on its own: the
-  // ViT and projector forward of random crops, then a backward from a gradient made by a
-  // product (so that, as in a step, the image embeddings' gradient dies on the way).
-  std::mt19937_64 rng(53);
+namespace {
+
+// In a whole step the image path's moments are rarely the step's peak (the decoder's saved
+// bytes and the loss usually are), so its replay is held to the allocator on its own: the ViT
+// and projector forward of random crops, then a backward from a gradient made by a product
+// (so that, as in a step, the image embeddings' gradient dies on the way).
+template <typename Adjust>
+void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust) {
+  const bool bf16 = precision == memory::ComputePrecision::kBf16;
+  const int64_t element = bf16 ? 2 : 4;  // of the image embeddings
+  std::mt19937_64 rng(seed);
   auto& tracker = runtime::install_cpu_tracking_allocator();
   Errors forward, backward_first, backward_steady;
   for (int config = 0; config < 80; ++config) {
     const spec::ModelSpec dims = test::random_dims(rng);
     ModelLevers levers = test::random_levers(rng);
-    // One of the two may be frozen (fp32 storage): with both frozen nothing has a gradient.
-    if (levers.freeze_vision) levers.freeze_projector = false;
-    levers.frozen_dtype = "fp32";
-    auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
+    adjust(levers);
+    auto spec = memory::memory_spec(dims, levers, precision);
     spec.threads = config % 2 + 1;
     torch::set_num_threads(static_cast<int>(spec.threads));
     torch::manual_seed(config);
@@ -286,7 +289,12 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
       CATCH_INFO((first ? "first step" : "second step"));
       int64_t base = tracker.live_bytes();
       tracker.reset_peak();
-      torch::Tensor images = model->encode_crops(crops);
+      torch::Tensor images;
+      {
+        train::AutocastScope autocast(bf16 ? train::Precision::kBf16 : train::Precision::kFp32,
+                                      torch::kCPU);
+        images = model->encode_crops(crops);
+      }
       memory::replay::Timeline f;
       memory::replay::vision_forward(f, v);
       CATCH_CHECK(tracker.live_bytes() - base == f.live);
@@ -299,11 +307,11 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
       base = tracker.live_bytes();
       tracker.reset_peak();
       loss.backward();
-      // The root gradient (4 B, held by backward() until it returns), MulBackward0's gradient
-      // of the image embeddings, then the image path.
+      // The root gradient (one element, held by backward() until it returns), MulBackward0's
+      // gradient of the image embeddings, then the image path.
       memory::replay::Timeline b;
-      b.alloc(4);
-      b.alloc(4 * shape.crops * v.I * v.D);
+      b.alloc(element);
+      b.alloc(element * shape.crops * v.I * v.D);
       memory::replay::vision_backward(b, v, first);
       CATCH_CHECK(tracker.peak_bytes() - base == b.peak);
       (first ? backward_first : backward_steady).add(b.peak, tracker.peak_bytes() - base);
@@ -318,11 +326,40 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
   backward_steady.print("image backward (steady)");
 }
 
+}  // namespace
+
+CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward, to the byte") {
+  image_path(53, memory::ComputePrecision::kFp32, [](ModelLevers& levers) {
+    // One of the two may be frozen (fp32 storage): with both frozen nothing has a gradient.
+    if (levers.freeze_vision) levers.freeze_projector = false;
+    levers.frozen_dtype = "fp32";
+  });
+}
+
+CATCH_TEST_CASE("memory model: the image path's own peaks under bf16 autocast, to the byte") {
+  image_path(67, memory::ComputePrecision::kBf16, [](ModelLevers& levers) {
+    // The replayed bf16 subset: both trained, one chunk, not checkpointed.
+    levers.freeze_vision = levers.freeze_projector = false;
+    levers.checkpoint_vision = false;
+    levers.vision_chunk_crops = 0;
+  });
+}
+
 CATCH_TEST_CASE("memory model: step peaks of bf16 autocast text steps, first and steady, to the byte") {
   // A trained decoder (the replayed bf16 subset), checkpointed or not, the loss chunked or not;
   // the oneDNN scratchpad of every bf16 product is in the replay (memory/replay.h).
   sweep(59, 100, /*max_crops=*/0, [](ModelLevers& levers) {
     trained_decoder(levers);
     levers.freeze_vision = levers.freeze_projector = true;
+  }, memory::ComputePrecision::kBf16);
+}
+
+CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps with crops, first and steady, to the byte") {
+  // Every module trained, the ViT unchunked and not checkpointed (the replayed bf16 subset);
+  // the decoder checkpointed or not, the loss chunked or not.
+  sweep(61, 100, /*max_crops=*/8, [](ModelLevers& levers) {
+    levers.freeze_vision = levers.freeze_projector = levers.freeze_language = false;
+    levers.checkpoint_vision = false;
+    levers.vision_chunk_crops = 0;
   }, memory::ComputePrecision::kBf16);
 }

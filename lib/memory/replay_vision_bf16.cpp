@@ -1,0 +1,265 @@
+// The image path's forward and backward under bf16 autocast (LibTorch 1.13 on the CPU): the
+// ViT and the projector trained, unchunked and not checkpointed. As in the decoder
+// (replay_language_bf16.cpp): each linear's product casts its weight (a view: one copy per
+// use) and its fp32 input to bf16 and keeps both for the backward; LibTorch 1.13's linear on a
+// 3-D input is matmul then `add_(bias)`, and adding the fp32 bias into the bf16 output in
+// place converts through two fp32 temporaries; LayerNorm, the residual stream and the softmax
+// stay fp32; in backward every cast converts its gradient back.
+#include "memory/replay.h"
+
+namespace vlm::memory::replay {
+namespace {
+
+constexpr int64_t h = 2;  // bf16
+
+// A ViT linear with bias on `rows` tokens from `in` to `out` features: the weight's copy, the
+// input's (`cast_input`: an fp32 input), the bf16 output and the product's scratchpad, then
+// the bias added in place (two fp32 temporaries of the output's size). The copies stay.
+void linear_forward(Timeline& t, const Vit& v, int64_t rows, int64_t in, int64_t out,
+                    bool cast_input) {
+  t.alloc(h * in * out + (cast_input ? h * rows * in : 0) + h * rows * out);
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, in, out, false, true));
+  t.transient(2 * e * rows * out);
+}
+
+// Its backward from the output's bf16 gradient (live): the bias's gradient (summed in bf16,
+// converted to fp32), the weight's (as (g^T x)^T) and the input's; then the output's gradient,
+// the kept bf16 input and the weight copy are freed; the weight's gradient is converted to
+// fp32 after the input's (`cast_input`: the input's cast converts its gradient first).
+void linear_backward(Timeline& t, const Vit& v, int64_t rows, int64_t in, int64_t out,
+                     bool cast_input, const Sinks& sink) {
+  t.alloc(h * out + e * out);
+  t.free(h * out);
+  accumulate(t, e * out, sink);
+  t.alloc(h * in * out);
+  t.transient(bf16_matmul_scratch(v.threads, 0, out, rows, in, true, false));
+  t.alloc(h * rows * in);
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, out, in, false, false));
+  t.free(h * rows * out + h * rows * in + h * in * out);
+  if (cast_input) {
+    t.alloc(e * rows * in);
+    t.free(h * rows * in);
+  }
+  t.alloc(e * in * out);
+  t.free(h * in * out);
+  accumulate(t, e * in * out, sink);
+}
+
+// `fp32 + bf16` (the residual adds): the branch converted to fp32 beside the sum; then the
+// conversion and the branch die.
+void residual_add(Timeline& t, const Chunk& c) {
+  t.alloc(2 * c.X);
+  t.free(c.X + c.X / 2);
+}
+
+// The attention's operands as bmm sees them. matmul reshapes the per-head views of qkv to
+// [n h, P, hd]: a contiguous copy (kept) when n > 1 and h > 1, else a strided view, which a
+// oneDNN product copies for its call (ATen's is_mkldnn_optimized_format).
+struct Heads {
+  bool copies;  // matmul's kept copies of q, k^T and v
+  bool onednn;  // the products run in oneDNN
+  int64_t rows, batch;
+};
+Heads heads_of(const Vit& v, const Chunk& c) {
+  const int64_t hd = v.d / v.h;
+  return {c.n > 1 && v.h > 1, c.n * v.h * v.P * hd * v.P > 16 * 16 * 16, c.X / 2, c.n * v.h};
+}
+
+// One trained pre-LN block (vision_transformer.cpp:85-88) under autocast.
+void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
+  const Heads a = heads_of(v, c);
+  const int64_t rows = c.n * v.P, hd = v.d / v.h, scores = c.A / 2;
+  const bool context_copy = v.h > 1;
+  layer_norm_forward(t, c);  // Y1 (fp32)
+  linear_forward(t, v, rows, v.d, 3 * v.d, true);
+  // q k^T: matmul's copies of q and k^T (kept), the scores, the call's own copies and the
+  // scratchpad.
+  if (a.copies) t.alloc(2 * a.rows);
+  t.alloc(scores);
+  const int64_t call_copies = a.onednn && !a.copies ? 2 * a.rows : 0;
+  t.transient(call_copies + bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+  // `* scale`: the wrapped scalar and its bf16 copy beside the product; the unscaled scores
+  // die.
+  t.transient(kWrappedScalar + h + scores);
+  t.alloc(scores);
+  t.free(scores);
+  // softmax(.., kFloat): the fp32 copy of its input, the probabilities (kept), the copy dies;
+  // their bf16 copy (kept by P v).
+  t.alloc(2 * c.A);
+  t.free(c.A);
+  t.alloc(scores);
+  // P v: v's copy (kept), the output, the call's copy of v and the scratchpad; then the scaled
+  // scores die at sdpa's return.
+  if (a.copies) t.alloc(a.rows);
+  t.alloc(a.rows);
+  t.transient((a.onednn && !a.copies ? a.rows : 0) +
+              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+  t.free(scores);
+  if (context_copy) t.alloc(a.rows);  // the context (kept by out_proj)
+  linear_forward(t, v, rows, v.d, v.d, false);
+  // At attn's return: the attention output (unless it is the context) and qkv (unless its
+  // views are kept) die.
+  t.free((context_copy ? a.rows : 0) + (a.copies ? 3 * a.rows : 0));
+  residual_add(t, c);  // h = x + o, kept by ln2
+  t.free(c.X);         // Y1: qkv kept its bf16 copy
+  layer_norm_forward(t, c);  // Y2
+  linear_forward(t, v, rows, v.d, v.m, true);  // fc1
+  t.alloc(c.M / 2);                            // GELU (bf16)
+  linear_forward(t, v, rows, v.m, v.d, false);  // fc2
+  residual_add(t, c);  // out = h + fc2
+  t.free(c.X);         // Y2
+}
+
+// One block's backward from its output's fp32 gradient g (live; on return the block input's).
+void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+  const Heads a = heads_of(v, c);
+  const int64_t rows = c.n * v.P, hd = v.d / v.h, scores = c.A / 2;
+  // out = h + fc2: g goes to h and, converted to bf16, to fc2 (which kept GELU's output).
+  t.alloc(c.X / 2);
+  linear_backward(t, v, rows, v.m, v.d, false, sink);
+  // GELU: its input's gradient; then the incoming one and the kept fc1 output die.
+  t.alloc(c.M / 2);
+  t.free(c.M);
+  linear_backward(t, v, rows, v.d, v.m, true, sink);  // fc1, to Y2's fp32 gradient
+  // ln2 (frees Y2's gradient, h, the statistics); the engine adds dX and g out of place.
+  layer_norm_backward(t, v, c, sink);
+  t.alloc(c.X);
+  t.free(2 * c.X);
+  // h = x + o: the gradient to x, and converted to bf16 to out_proj (which kept the context).
+  t.alloc(c.X / 2);
+  linear_backward(t, v, rows, v.d, v.d, false, sink);
+  // The context's views back to the attention output: a copy when n > 1 and h > 1.
+  if (a.copies) {
+    t.alloc(a.rows);
+    t.free(a.rows);
+  }
+  // P v's backward: v's gradient (P^T dO), then P's (dO v^T); then the incoming gradient, the
+  // kept bf16 probabilities and v's copy die.
+  const bool o_strided = !a.copies && v.h > 1;
+  t.alloc(a.rows);
+  t.transient((a.onednn && o_strided ? a.rows : 0) +
+              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, true, false));
+  t.alloc(scores);
+  t.transient((a.onednn ? (o_strided ? a.rows : 0) + (a.copies ? 0 : a.rows) : 0) +
+              bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+  t.free(a.rows + scores + (a.copies ? a.rows : 0));
+  // The probabilities' ToCopyBackward0 (to fp32), SoftmaxBackward0, the softmax input's
+  // ToCopyBackward0 (to bf16); the kept fp32 probabilities die.
+  t.alloc(c.A);
+  t.free(scores);
+  t.alloc(c.A);
+  t.free(2 * c.A);
+  t.alloc(scores);
+  t.free(c.A);
+  // `* scale`.
+  t.transient(kWrappedScalar + h + scores);
+  // q k^T's backward: k^T's gradient (q^T dS), then q's (dS k); then dS and the copies of q and
+  // k^T (or qkv, which the views kept) die.
+  t.alloc(a.rows);
+  t.transient((a.onednn && !a.copies ? a.rows : 0) +
+              bf16_matmul_scratch(v.threads, a.batch, hd, v.P, v.P, a.copies, false));
+  t.alloc(a.rows);
+  t.transient((a.onednn && !a.copies ? a.rows : 0) +
+              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+  t.free(scores + (a.copies ? 2 * a.rows : 3 * a.rows));
+  // The head views' backward: two of the three gradients are copied back to [n, P, d] when
+  // h > 1; SplitBackward0 concatenates the three into qkv's bf16 gradient.
+  if (v.h > 1) {
+    for (int k = 0; k < 2; ++k) {
+      t.alloc(a.rows);
+      t.free(a.rows);
+    }
+  }
+  t.alloc(3 * a.rows);
+  t.free(3 * a.rows);
+  linear_backward(t, v, rows, v.d, 3 * v.d, true, sink);  // qkv, to Y1's fp32 gradient
+  // ln1 (frees Y1's gradient, the block input, the statistics); dX and g summed out of place.
+  layer_norm_backward(t, v, c, sink);
+  t.alloc(c.X);
+  t.free(2 * c.X);
+}
+
+// One chunk's ViT and projector; leaves the projector's bf16 output (2 n I D) live.
+void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
+  const int64_t rows = c.n * v.P, patches = e * rows * v.patch_values;
+  const int64_t images = h * c.n * v.I * v.D, kernel = h * v.d * v.patch_values;
+  // Patch embedding: the patches (fp32, a contiguous copy), the kernel's copy, the patches'
+  // (kept), the bf16 output and the scratchpad; the kernel's copy dies at once (the patches
+  // need no gradient); the bias added in place; `+ positions` converts the output to fp32
+  // beside the sum. At the statement's end the bf16 output and the fp32 patches die.
+  t.alloc(patches + kernel + patches / 2 + c.X / 2);
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.patch_values, v.d, false, true));
+  t.free(kernel);
+  t.transient(2 * c.X);
+  t.alloc(2 * c.X);
+  t.free(c.X + c.X / 2 + patches);
+  for (int64_t i = 0; i < v.Lv; ++i) block_forward(t, v, c);
+  layer_norm_forward(t, c);  // the features
+  // The projector (mm without bias): the shuffle's copy (fp32), the weight's bf16 copy (kept
+  // for the features' gradient), the input's (kept for the weight's gradient), the output and
+  // the scratchpad; the features and the shuffle's copy die when the encode lambda returns.
+  if (v.shuffle_copies) t.alloc(c.X);
+  t.alloc(h * v.Dp * v.D + c.X / 2 + images);
+  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
+  t.free(c.X + (v.shuffle_copies ? c.X : 0));
+}
+
+// One chunk's backward from the image embeddings' bf16 gradient (live, freed).
+void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+  const int64_t rows = c.n * v.P, images = h * c.n * v.I * v.D;
+  // The projector's mm: the weight's gradient, the features'; then the incoming gradient, the
+  // kept input and weight copies; the ToCopyBackward0 of the input, then of the weight.
+  const int64_t weight = h * v.Dp * v.D;
+  t.alloc(weight);
+  t.transient(bf16_matmul_scratch(v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
+  t.alloc(c.X / 2);
+  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
+  t.free(images + c.X / 2 + weight);
+  t.alloc(c.X);
+  t.free(c.X / 2);
+  t.alloc(2 * weight);
+  t.free(weight);
+  accumulate(t, 2 * weight, sink);
+  if (v.shuffle_copies) {  // the permute's gradient copied by the features' reshape
+    t.alloc(c.X);
+    t.free(c.X);
+  }
+  layer_norm_backward(t, v, c, sink);  // the final LayerNorm: g, the last block's output's
+  for (int64_t i = v.Lv - 1; i >= 0; --i) block_backward(t, v, c, sink);
+  // Patch embedding: x0 = (linear + bias) + positions. g goes, converted to bf16, to the
+  // linear's output, and summed over the crops to the positions (with one crop it is g
+  // itself); then g dies unless the positions' gradient is g.
+  const int64_t positions = e * v.P * v.d;
+  t.alloc(c.X / 2);
+  if (c.n > 1) {
+    t.alloc(positions);
+    accumulate(t, positions, sink);
+    t.free(c.X);
+  } else if (sink.sink != Sink::kKeep) {
+    t.free(c.X);  // added into the positions' .grad in place
+  }
+  // The bias's gradient (bf16, then fp32), the kernel's (the patches need none); then the
+  // incoming gradient and the kept patches die; the kernel's gradient to fp32.
+  t.alloc(h * v.d + e * v.d);
+  t.free(h * v.d);
+  accumulate(t, e * v.d, sink);
+  const int64_t kernel = h * v.d * v.patch_values;
+  t.alloc(kernel);
+  t.transient(bf16_matmul_scratch(v.threads, 0, v.d, rows, v.patch_values, true, false));
+  t.free(c.X / 2 + h * rows * v.patch_values);
+  t.alloc(2 * kernel);
+  t.free(kernel);
+  accumulate(t, 2 * kernel, sink);
+}
+
+}  // namespace
+
+void vision_forward_bf16(Timeline& t, const Vit& v) {
+  chunk_forward(t, v, chunk_of(v, v.crops));
+}
+
+void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step) {
+  chunk_backward(t, v, chunk_of(v, v.crops), sinks_of(0, 1, first_step));
+}
+
+}  // namespace vlm::memory::replay

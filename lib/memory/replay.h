@@ -180,5 +180,11 @@ inline void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const
   accumulate(t, e * v.d, sink);
 }
 
+// A block's parameters in block->parameters() order: ln1, qkv, out, ln2, fc1, fc2 (weight,
+// bias each), in elements.
+inline std::vector<int64_t> block_parameters(const Vit& v) {
+  return {v.d, v.d, 3 * v.d * v.d, 3 * v.d, v.d * v.d, v.d, v.d, v.d, v.m * v.d, v.m, v.d * v.m,
+          v.d};
+}
 
 }  // namespace vlm::memory::replay

@@ -123,13 +123,6 @@ void block_forward_nograd(Timeline& t, const Vit& v, const Chunk& c) {
   t.free(3 * c.X);     // fc2, Y2, h
 }
 
-// A block's parameters in block->parameters() order: ln1, qkv, out, ln2, fc1, fc2 (weight,
-// bias each), in elements.
-std::vector<int64_t> block_parameters(const Vit& v) {
-  return {v.d, v.d, 3 * v.d * v.d, 3 * v.d, v.d * v.d, v.d, v.d, v.d, v.m * v.d, v.m, v.d * v.m,
-          v.d};
-}
-
 void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink, bool nested);
 
 // A checkpointed block's backward (activation_checkpoint.cpp:67-102), from its output's

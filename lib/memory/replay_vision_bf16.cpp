@@ -1,11 +1,13 @@
 // The image path's forward and backward under bf16 autocast (LibTorch 1.13 on the CPU): the
-// ViT and the projector trained, unchunked and not checkpointed. As in the decoder
+// ViT and the projector trained or frozen in fp32 storage, in chunks of vision_chunk_crops or
+// not, checkpointed or not. As in the decoder
 // (replay_language_bf16.cpp): each linear's product casts its weight (a view: one copy per
 // use) and its fp32 input to bf16 and keeps both for the backward; LibTorch 1.13's linear on a
 // 3-D input is matmul then `add_(bias)`, and adding the fp32 bias into the bf16 output in
 // place converts through two fp32 temporaries; LayerNorm, the residual stream and the softmax
 // stay fp32; in backward every cast converts its gradient back.
 #include "memory/replay.h"
+#include "memory/saved_activations.h"
 
 namespace vlm::memory::replay {
 namespace {
@@ -14,11 +16,14 @@ constexpr int64_t h = 2;  // bf16
 
 // A ViT linear with bias on `rows` tokens from `in` to `out` features: the weight's copy, the
 // input's (`cast_input`: an fp32 input), the bf16 output and the product's scratchpad, then
-// the bias added in place (two fp32 temporaries of the output's size). The copies stay.
+// the bias added in place (two fp32 temporaries of the output's size). With a graph the copies
+// stay; without one they die when the product returns, before the bias.
 void linear_forward(Timeline& t, const Vit& v, int64_t rows, int64_t in, int64_t out,
-                    bool cast_input) {
-  t.alloc(h * in * out + (cast_input ? h * rows * in : 0) + h * rows * out);
+                    bool cast_input, bool graph = true) {
+  const int64_t copies = h * in * out + (cast_input ? h * rows * in : 0);
+  t.alloc(copies + h * rows * out);
   t.transient(bf16_matmul_scratch(v.threads, 0, rows, in, out, false, true));
+  if (!graph) t.free(copies);
   t.transient(2 * e * rows * out);
 }
 
@@ -63,6 +68,55 @@ struct Heads {
 Heads heads_of(const Vit& v, const Chunk& c) {
   const int64_t hd = v.d / v.h;
   return {c.n > 1 && v.h > 1, c.n * v.h * v.P * hd * v.P > 16 * 16 * 16, c.X / 2, c.n * v.h};
+}
+
+// A ViT linear without a graph.
+void linear_forward_nograd(Timeline& t, const Vit& v, int64_t rows, int64_t in, int64_t out,
+                           bool cast_input) {
+  linear_forward(t, v, rows, in, out, cast_input, /*graph=*/false);
+}
+
+// One block's forward without a graph (CheckpointFunction::forward): the statistics die with
+// each LayerNorm, matmul's copies with each product, the probabilities at sdpa's return, every
+// other intermediate with its statement; the output stays.
+void block_forward_nograd(Timeline& t, const Vit& v, const Chunk& c) {
+  const Heads a = heads_of(v, c);
+  const int64_t rows = c.n * v.P, hd = v.d / v.h, scores = c.A / 2;
+  const bool context_copy = v.h > 1;
+  t.alloc(c.X + 2 * c.S);  // ln1: Y1 and its statistics
+  t.free(2 * c.S);
+  linear_forward_nograd(t, v, rows, v.d, 3 * v.d, true);
+  if (a.copies) t.alloc(2 * a.rows);
+  t.alloc(scores);
+  const int64_t call_copies = a.onednn && !a.copies ? 2 * a.rows : 0;
+  t.transient(call_copies + bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+  if (a.copies) t.free(2 * a.rows);
+  t.transient(kWrappedScalar + h + scores);
+  t.alloc(scores);
+  t.free(scores);
+  t.alloc(2 * c.A);  // softmax's fp32 input copy and the probabilities
+  t.free(c.A);
+  t.alloc(scores);  // their bf16 copy; the fp32 ones die
+  t.free(c.A);
+  if (a.copies) t.alloc(a.rows);
+  t.alloc(a.rows);
+  t.transient((a.onednn && !a.copies ? a.rows : 0) +
+              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+  if (a.copies) t.free(a.rows);
+  t.free(2 * scores);  // the scaled scores and the bf16 probabilities
+  if (context_copy) t.alloc(a.rows);
+  linear_forward_nograd(t, v, rows, v.d, v.d, false);
+  t.free((context_copy ? a.rows : 0) + a.rows + 3 * a.rows);  // the context, attended, qkv
+  residual_add(t, c);  // h = x + o
+  t.free(c.X);         // Y1
+  t.alloc(c.X + 2 * c.S);  // ln2
+  t.free(2 * c.S);
+  linear_forward_nograd(t, v, rows, v.d, v.m, true);
+  t.alloc(c.M / 2);
+  linear_forward_nograd(t, v, rows, v.m, v.d, false);
+  t.free(c.M);         // fc1's output, GELU's
+  residual_add(t, c);  // out = h + fc2
+  t.free(2 * c.X);     // Y2, h
 }
 
 // One trained pre-LN block (vision_transformer.cpp:85-88) under autocast.
@@ -111,7 +165,10 @@ void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
 }
 
 // One block's backward from its output's fp32 gradient g (live; on return the block input's).
-void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+// `nested`: inside a checkpointed block's autograd::grad, where g stays held by the outer node
+// and the block input is the checkpoint's.
+void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
+                    bool nested = false) {
   const Heads a = heads_of(v, c);
   const int64_t rows = c.n * v.P, hd = v.d / v.h, scores = c.A / 2;
   // out = h + fc2: g goes to h and, converted to bf16, to fc2 (which kept GELU's output).
@@ -124,7 +181,7 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
   // ln2 (frees Y2's gradient, h, the statistics); the engine adds dX and g out of place.
   layer_norm_backward(t, v, c, sink);
   t.alloc(c.X);
-  t.free(2 * c.X);
+  t.free((nested ? 1 : 2) * c.X);
   // h = x + o: the gradient to x, and converted to bf16 to out_proj (which kept the context).
   t.alloc(c.X / 2);
   linear_backward(t, v, rows, v.d, v.d, false, sink);
@@ -173,59 +230,121 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
   t.alloc(3 * a.rows);
   t.free(3 * a.rows);
   linear_backward(t, v, rows, v.d, 3 * v.d, true, sink);  // qkv, to Y1's fp32 gradient
-  // ln1 (frees Y1's gradient, the block input, the statistics); dX and g summed out of place.
-  layer_norm_backward(t, v, c, sink);
+  // ln1 (frees Y1's gradient, the block input unless the checkpoint keeps it, the
+  // statistics); dX and the residual's gradient summed out of place.
+  layer_norm_backward(t, v, c, sink, /*frees_input=*/!nested);
   t.alloc(c.X);
   t.free(2 * c.X);
 }
 
-// One chunk's ViT and projector; leaves the projector's bf16 output (2 n I D) live.
+// A checkpointed block's backward (activation_checkpoint.cpp:67-102), as in fp32
+// (replay_vision.cpp): the RNG state around the recompute with a graph, autograd::grad with
+// every parameter gradient captured, then the recomputed output, the output's gradient and the
+// saved input die and the captured gradients reach their buffers.
+void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+  t.alloc(kCpuRngStateBytes);
+  block_forward(t, v, c);
+  t.free(kCpuRngStateBytes);
+  block_backward(t, v, c, Sinks{Sink::kKeep, false}, /*nested=*/true);
+  t.free(3 * c.X);
+  int64_t gradients = 0;
+  for (const int64_t n : block_parameters(v)) {
+    gradients += e * n;
+    if (sink.chunked && sink.sink != Sink::kKeep) {
+      t.alloc(e * n);
+      t.free(e * n);
+    }
+  }
+  if (sink.sink == Sink::kAdd) t.free(gradients);
+  if (sink.sink == Sink::kRelease) t.free(2 * gradients);
+}
+
+// One chunk's ViT and projector; leaves the projector's bf16 output (2 n I D) live. A frozen
+// ViT (fp32 storage) builds no graph: its casts and intermediates die as they go.
 void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   const int64_t rows = c.n * v.P, patches = e * rows * v.patch_values;
   const int64_t images = h * c.n * v.I * v.D, kernel = h * v.d * v.patch_values;
   // Patch embedding: the patches (fp32, a contiguous copy), the kernel's copy, the patches'
-  // (kept), the bf16 output and the scratchpad; the kernel's copy dies at once (the patches
-  // need no gradient); the bias added in place; `+ positions` converts the output to fp32
-  // beside the sum. At the statement's end the bf16 output and the fp32 patches die.
+  // (kept by a trained ViT), the bf16 output and the scratchpad; the kernel's copy dies at once
+  // (the patches need no gradient); the bias added in place; `+ positions` converts the output
+  // to fp32 beside the sum. At the statement's end the bf16 output and the fp32 patches die.
   t.alloc(patches + kernel + patches / 2 + c.X / 2);
   t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.patch_values, v.d, false, true));
   t.free(kernel);
   t.transient(2 * c.X);
   t.alloc(2 * c.X);
-  t.free(c.X + c.X / 2 + patches);
-  for (int64_t i = 0; i < v.Lv; ++i) block_forward(t, v, c);
-  layer_norm_forward(t, c);  // the features
+  t.free(c.X + c.X / 2 + patches + (v.vision_trained ? 0 : patches / 2));
+  for (int64_t i = 0; i < v.Lv; ++i) {
+    if (!v.vision_trained) {
+      block_forward_nograd(t, v, c);
+      t.free(c.X);  // its input, once `x` is reassigned
+    } else if (v.checkpoint) {
+      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd(t, v, c);
+    } else {
+      block_forward(t, v, c);
+    }
+  }
+  if (v.vision_trained) {
+    layer_norm_forward(t, c);  // the features
+  } else {
+    t.alloc(c.X + 2 * c.S);  // the statistics die with the call, the last block's output at
+    t.free(2 * c.S + c.X);   // the ViT's return
+  }
   // The projector (mm without bias): the shuffle's copy (fp32), the weight's bf16 copy (kept
-  // for the features' gradient), the input's (kept for the weight's gradient), the output and
-  // the scratchpad; the features and the shuffle's copy die when the encode lambda returns.
+  // for the features' gradient when the ViT is trained), the input's (kept for the weight's
+  // gradient when the projector is), the output and the scratchpad; the features and the
+  // shuffle's copy die when the encode lambda returns.
+  const int64_t weight = h * v.Dp * v.D;
   if (v.shuffle_copies) t.alloc(c.X);
-  t.alloc(h * v.Dp * v.D + c.X / 2 + images);
+  t.alloc(weight + c.X / 2 + images);
   t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
+  t.free((v.vision_trained ? 0 : weight) + (v.projector_trained ? 0 : c.X / 2));
   t.free(c.X + (v.shuffle_copies ? c.X : 0));
 }
 
-// One chunk's backward from the image embeddings' bf16 gradient (live, freed).
-void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
-  const int64_t rows = c.n * v.P, images = h * c.n * v.I * v.D;
-  // The projector's mm: the weight's gradient, the features'; then the incoming gradient, the
-  // kept input and weight copies; the ToCopyBackward0 of the input, then of the weight.
+// One chunk's backward from its slice of the image embeddings' bf16 gradient; `last`: the
+// chunk processed last (the first one), whose projector frees the whole gradient
+// (`image_gradient`: every chunk's).
+void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient,
+                    bool last, const Sinks& sink) {
+  const int64_t rows = c.n * v.P;
+  // The projector's mm: the weight's gradient (a trained projector), the features' (a trained
+  // ViT); then the incoming gradient and the kept copies die; the ToCopyBackward0 of the
+  // input, then of the weight.
   const int64_t weight = h * v.Dp * v.D;
-  t.alloc(weight);
-  t.transient(bf16_matmul_scratch(v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
-  t.alloc(c.X / 2);
-  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
-  t.free(images + c.X / 2 + weight);
-  t.alloc(c.X);
-  t.free(c.X / 2);
-  t.alloc(2 * weight);
-  t.free(weight);
-  accumulate(t, 2 * weight, sink);
+  if (v.projector_trained) {
+    t.alloc(weight);
+    t.transient(bf16_matmul_scratch(v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
+  }
+  if (v.vision_trained) {
+    t.alloc(c.X / 2);
+    t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
+  }
+  t.free((last ? image_gradient : 0) + (v.projector_trained ? c.X / 2 : 0) +
+         (v.vision_trained ? weight : 0));
+  if (v.vision_trained) {
+    t.alloc(c.X);
+    t.free(c.X / 2);
+  }
+  if (v.projector_trained) {
+    t.alloc(2 * weight);
+    t.free(weight);
+    accumulate(t, 2 * weight, sink);
+  }
+  if (!v.vision_trained) return;
   if (v.shuffle_copies) {  // the permute's gradient copied by the features' reshape
     t.alloc(c.X);
     t.free(c.X);
   }
   layer_norm_backward(t, v, c, sink);  // the final LayerNorm: g, the last block's output's
-  for (int64_t i = v.Lv - 1; i >= 0; --i) block_backward(t, v, c, sink);
+  for (int64_t i = v.Lv - 1; i >= 0; --i) {
+    if (v.checkpoint) {
+      checkpointed_block_backward(t, v, c, sink);
+    } else {
+      block_backward(t, v, c, sink);
+    }
+  }
   // Patch embedding: x0 = (linear + bias) + positions. g goes, converted to bf16, to the
   // linear's output, and summed over the crops to the positions (with one crop it is g
   // itself); then g dies unless the positions' gradient is g.
@@ -236,7 +355,11 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
     accumulate(t, positions, sink);
     t.free(c.X);
   } else if (sink.sink != Sink::kKeep) {
-    t.free(c.X);  // added into the positions' .grad in place
+    // g itself reaches the positions: added into the .grad in place, or into the engine's
+    // buffer out of place (chunks); the last chunk's buffer is then added into the .grad.
+    if (sink.chunked) t.transient(positions);
+    if (sink.sink == Sink::kRelease) t.free(positions);
+    t.free(c.X);
   }
   // The bias's gradient (bf16, then fp32), the kernel's (the patches need none); then the
   // incoming gradient and the kept patches die; the kernel's gradient to fp32.
@@ -255,11 +378,23 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
 }  // namespace
 
 void vision_forward_bf16(Timeline& t, const Vit& v) {
-  chunk_forward(t, v, chunk_of(v, v.crops));
+  const auto chunks = v.chunks();
+  for (const int64_t n : chunks) chunk_forward(t, v, chunk_of(v, n));
+  if (chunks.size() > 1) {  // torch::cat(pieces), then the pieces die
+    const int64_t images = h * v.crops * v.I * v.D;
+    t.alloc(images);
+    t.free(images);
+  }
 }
 
 void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step) {
-  chunk_backward(t, v, chunk_of(v, v.crops), sinks_of(0, 1, first_step));
+  const auto chunks = v.chunks();
+  const int64_t images = h * v.crops * v.I * v.D;
+  for (size_t k = chunks.size(); k-- > 0;) {
+    const size_t processed = chunks.size() - 1 - k;
+    chunk_backward(t, v, chunk_of(v, chunks[k]), images, k == 0,
+                   sinks_of(processed, chunks.size(), first_step));
+  }
 }
 
 }  // namespace vlm::memory::replay

@@ -53,13 +53,10 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   if (spec.precision == ComputePrecision::kBf16) {
     // Replayed so far: a trained decoder on text (replay_language_bf16.cpp).
     if (shape.crops > 0) {
-      // Replayed so far: the ViT and the projector trained, one chunk, not checkpointed.
-      if (!spec.vision.trainable || !spec.projector.trainable) {
-        return "a frozen vision tower or projector under bf16 autocast";
-      }
-      if (spec.levers.checkpoint_vision) return "checkpoint_vision under bf16 autocast";
-      if (spec.levers.vision_chunk_crops > 0 && shape.crops > spec.levers.vision_chunk_crops) {
-        return "vision_chunk_crops under bf16 autocast";
+      // Replayed so far: the ViT and the projector trained or frozen in fp32 storage.
+      if ((!spec.vision.trainable && spec.vision.parameter_bytes != 4) ||
+          (!spec.projector.trainable && spec.projector.parameter_bytes != 4)) {
+        return "a vision tower or projector frozen in bf16 storage under bf16 autocast";
       }
     }
     if (!spec.language.trainable) return "a frozen decoder under bf16 autocast";

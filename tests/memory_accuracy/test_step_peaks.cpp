@@ -338,10 +338,9 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
 
 CATCH_TEST_CASE("memory model: the image path's own peaks under bf16 autocast, to the byte") {
   image_path(67, memory::ComputePrecision::kBf16, [](ModelLevers& levers) {
-    // The replayed bf16 subset: both trained, one chunk, not checkpointed.
-    levers.freeze_vision = levers.freeze_projector = false;
-    levers.checkpoint_vision = false;
-    levers.vision_chunk_crops = 0;
+    // The replayed bf16 subset: one of the two may be frozen (fp32 storage).
+    if (levers.freeze_vision) levers.freeze_projector = false;
+    levers.frozen_dtype = "fp32";
   });
 }
 
@@ -355,11 +354,10 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast text steps, first and
 }
 
 CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps with crops, first and steady, to the byte") {
-  // Every module trained, the ViT unchunked and not checkpointed (the replayed bf16 subset);
-  // the decoder checkpointed or not, the loss chunked or not.
+  // A trained decoder (the replayed bf16 subset), the ViT or projector frozen at times (fp32
+  // storage); either tower checkpointed or not, the ViT and the loss chunked or not.
   sweep(61, 100, /*max_crops=*/8, [](ModelLevers& levers) {
-    levers.freeze_vision = levers.freeze_projector = levers.freeze_language = false;
-    levers.checkpoint_vision = false;
-    levers.vision_chunk_crops = 0;
+    levers.freeze_language = false;
+    levers.frozen_dtype = "fp32";
   }, memory::ComputePrecision::kBf16);
 }

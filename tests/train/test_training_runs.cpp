@@ -442,7 +442,7 @@ int64_t check_predictions(const fs::path& out) {
     CATCH_REQUIRE(r.contains("memory/predicted_peak_bytes"));
     const int64_t predicted = r["memory/predicted_peak_bytes"].get<int64_t>();
     const int64_t measured = r["memory/peak_allocated_bytes"].get<int64_t>();
-    // The contract is +-1%; on CPU the fp32 prediction is exact to the byte.
+    // The contract is +-1%; on CPU the prediction is exact to the byte.
     CATCH_CHECK(std::abs(predicted - measured) <= measured / 100);
     CATCH_CHECK(predicted == measured);
     CATCH_CHECK(r["memory/predicted_static_bytes"].get<int64_t>() > 0);
@@ -472,9 +472,25 @@ CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 varian
   }
 }
 
+CATCH_TEST_CASE("every step's predicted peak is the measured one, under bf16 autocast") {
+  for (const std::string variant :
+       {"", "--set model.checkpoint_language=true --set model.checkpoint_vision=true",
+        "--set train.preflight=false --set model.vision_chunk_crops=2 --set "
+        "model.loss_chunk_tokens=40",
+        "--set model.freeze_vision=true --set model.frozen_dtype=fp32"}) {
+    CATCH_INFO("variant: " << variant);
+    TempDir out;
+    require_ok(run_vlmtrain(run_args(out.path(), "--set train.precision=bf16 " + variant)));
+    check_predictions(out.path());
+  }
+}
+
 CATCH_TEST_CASE("a configuration the memory model does not cover gets no predicted peak") {
+  // A ViT frozen in bf16 storage under autocast is not replayed yet (docs/memory.md).
   TempDir out;
-  require_ok(run_vlmtrain(run_args(out.path(), "--set train.precision=bf16")));
+  require_ok(run_vlmtrain(run_args(out.path(), "--set train.precision=bf16 --set "
+                                               "model.freeze_vision=true --set "
+                                               "model.frozen_dtype=bf16")));
   for (const auto& r : records(out.path(), "step")) {
     CATCH_CHECK_FALSE(r.contains("memory/predicted_peak_bytes"));
   }

@@ -65,6 +65,7 @@ struct Vit {
   bool checkpoint;  // model.checkpoint_vision: every block checkpointed
   bool vision_trained, projector_trained;
   bool bf16 = false;  // train.precision bf16: autocast (replay_vision_bf16.cpp)
+  bool vision_bf16_storage = false;  // the ViT frozen with model.frozen_dtype bf16
   std::vector<int64_t> chunks() const;  // crops per chunk, in forward order
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
@@ -118,6 +119,12 @@ std::vector<int64_t> vision_parameters(const Vit& v, bool vision, bool projector
 // embeddings are bf16 (2 n I D).
 void vision_forward_bf16(Timeline& t, const Vit& v);
 void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step);
+
+// A ViT frozen in bf16 storage, in either precision (replay_vision_bf16.cpp): the chunk
+// converted to bf16 and run without a graph, every tensor bf16 (the LayerNorm statistics too)
+// but the softmax; on return its bf16 output (2 n P d) is live, nothing else.
+struct Chunk;
+void frozen_bf16_vit_forward(Timeline& t, const Vit& v, const Chunk& c);
 
 // --- pieces shared by the image path's replays --------------------------------------------
 // One chunk's sizes in fp32 bytes: the residual stream X, the MLP M, the scores A, one

@@ -38,7 +38,8 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
              spec.levers.checkpoint_vision,
              spec.vision.trainable,
              spec.projector.trainable,
-             spec.precision == ComputePrecision::kBf16};
+             spec.precision == ComputePrecision::kBf16,
+             !spec.vision.trainable && spec.vision.parameter_bytes == 2};
 }
 
 namespace {
@@ -154,6 +155,18 @@ void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, cons
 // output (4 n I D) live.
 void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   const int64_t patches = e * c.n * v.P * v.patch_values, images = e * c.n * v.I * v.D;
+  if (v.vision_bf16_storage) {
+    // Its bf16 output converted to the projector's fp32, which runs as below; the bf16 output
+    // dies with the encode lambda.
+    frozen_bf16_vit_forward(t, v, c);
+    t.alloc(c.X);
+    if (v.shuffle_copies) t.alloc(c.X);
+    t.alloc(images);
+    if (v.shuffle_copies && !v.projector_trained) t.free(c.X);
+    if (v.shuffle_copies || !v.projector_trained) t.free(c.X);
+    t.free(c.X / 2);
+    return;
+  }
   // Patch embedding (vision_transformer.cpp:45-58): the patches (a contiguous copy, kept by
   // the linear for the kernel's gradient), the linear's output, the positions added; the
   // linear's output dies with the statement (a frozen ViT: the patches at return too).

@@ -119,6 +119,51 @@ void block_forward_nograd(Timeline& t, const Vit& v, const Chunk& c) {
   t.free(2 * c.X);     // Y2, h
 }
 
+// One block of a ViT frozen in bf16 storage (no graph): every tensor bf16, the LayerNorm
+// statistics too; no casts, and the biases are added in place without temporaries.
+void frozen_bf16_block(Timeline& t, const Vit& v, const Chunk& c) {
+  const Heads a = heads_of(v, c);
+  const int64_t rows = c.n * v.P, hd = v.d / v.h, scores = c.A / 2, X = c.X / 2, M = c.M / 2;
+  const bool context_copy = v.h > 1;
+  t.alloc(X + c.S);  // ln1: Y1 and its two bf16 statistics
+  t.free(c.S);
+  t.alloc(3 * X);  // qkv
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.d, 3 * v.d, false, true));
+  if (a.copies) t.alloc(2 * a.rows);
+  t.alloc(scores);
+  const int64_t call_copies = a.onednn && !a.copies ? 2 * a.rows : 0;
+  t.transient(call_copies + bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+  if (a.copies) t.free(2 * a.rows);
+  t.transient(kWrappedScalar + h + scores);
+  t.alloc(scores);
+  t.free(scores);
+  t.alloc(2 * c.A);
+  t.free(c.A);
+  t.alloc(scores);
+  t.free(c.A);
+  if (a.copies) t.alloc(a.rows);
+  t.alloc(a.rows);
+  t.transient((a.onednn && !a.copies ? a.rows : 0) +
+              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+  if (a.copies) t.free(a.rows);
+  t.free(2 * scores);
+  if (context_copy) t.alloc(a.rows);
+  t.alloc(X);  // out_proj
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.d, v.d, false, true));
+  t.free((context_copy ? a.rows : 0) + a.rows + 3 * a.rows);  // the context, attended, qkv
+  t.alloc(X);      // h = x + o
+  t.free(2 * X);   // o, Y1
+  t.alloc(X + c.S);  // ln2
+  t.free(c.S);
+  t.alloc(M);  // fc1
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.d, v.m, false, true));
+  t.alloc(M + X);  // GELU, fc2
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.m, v.d, false, true));
+  t.free(2 * M);
+  t.alloc(X);      // out = h + fc2
+  t.free(3 * X);   // fc2, Y2, h
+}
+
 // One trained pre-LN block (vision_transformer.cpp:85-88) under autocast.
 void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
   const Heads a = heads_of(v, c);
@@ -259,11 +304,32 @@ void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, cons
   if (sink.sink == Sink::kRelease) t.free(2 * gradients);
 }
 
+// The projector (mm without bias) on the fp32 features (live, freed here with the encode
+// lambda): the shuffle's copy (fp32), the weight's bf16 copy (kept for the features' gradient
+// when the ViT is trained), the input's (kept for the weight's gradient when the projector
+// is), the bf16 output (live on return) and the scratchpad.
+void project(Timeline& t, const Vit& v, const Chunk& c) {
+  const int64_t weight = h * v.Dp * v.D, images = h * c.n * v.I * v.D;
+  if (v.shuffle_copies) t.alloc(c.X);
+  t.alloc(weight + c.X / 2 + images);
+  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
+  t.free((v.vision_trained ? 0 : weight) + (v.projector_trained ? 0 : c.X / 2));
+  t.free(c.X + (v.shuffle_copies ? c.X : 0));
+}
+
 // One chunk's ViT and projector; leaves the projector's bf16 output (2 n I D) live. A frozen
 // ViT (fp32 storage) builds no graph: its casts and intermediates die as they go.
 void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   const int64_t rows = c.n * v.P, patches = e * rows * v.patch_values;
   const int64_t images = h * c.n * v.I * v.D, kernel = h * v.d * v.patch_values;
+  if (v.vision_bf16_storage) {
+    // Its bf16 output converted to the projector's fp32, which then runs as below.
+    frozen_bf16_vit_forward(t, v, c);
+    t.alloc(c.X);
+    project(t, v, c);
+    t.free(c.X / 2);  // the ViT's output, with the encode lambda
+    return;
+  }
   // Patch embedding: the patches (fp32, a contiguous copy), the kernel's copy, the patches'
   // (kept by a trained ViT), the bf16 output and the scratchpad; the kernel's copy dies at once
   // (the patches need no gradient); the bias added in place; `+ positions` converts the output
@@ -295,12 +361,7 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   // for the features' gradient when the ViT is trained), the input's (kept for the weight's
   // gradient when the projector is), the output and the scratchpad; the features and the
   // shuffle's copy die when the encode lambda returns.
-  const int64_t weight = h * v.Dp * v.D;
-  if (v.shuffle_copies) t.alloc(c.X);
-  t.alloc(weight + c.X / 2 + images);
-  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
-  t.free((v.vision_trained ? 0 : weight) + (v.projector_trained ? 0 : c.X / 2));
-  t.free(c.X + (v.shuffle_copies ? c.X : 0));
+  project(t, v, c);
 }
 
 // One chunk's backward from its slice of the image embeddings' bf16 gradient; `last`: the
@@ -376,6 +437,24 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
 }
 
 }  // namespace
+
+void frozen_bf16_vit_forward(Timeline& t, const Vit& v, const Chunk& c) {
+  const int64_t rows = c.n * v.P, patches = h * rows * v.patch_values, X = c.X / 2;
+  t.alloc(patches);  // the chunk converted to bf16 (3 S^2 = P 3 p^2 values per crop)
+  // Patch embedding: the patches (a contiguous copy), the product and its scratchpad, the
+  // bias in place, `+ positions`; the product and the patches die.
+  t.alloc(patches + X);
+  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.patch_values, v.d, false, true));
+  t.alloc(X);
+  t.free(X + patches);
+  for (int64_t i = 0; i < v.Lv; ++i) {
+    frozen_bf16_block(t, v, c);
+    t.free(X);  // its input
+  }
+  t.alloc(X + c.S);  // the final LayerNorm
+  t.free(c.S + X);   // its statistics, the last block's output
+  t.free(patches);   // the converted chunk, when the ViT returns
+}
 
 void vision_forward_bf16(Timeline& t, const Vit& v) {
   const auto chunks = v.chunks();

@@ -53,10 +53,10 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   if (spec.precision == ComputePrecision::kBf16) {
     // Replayed so far: a trained decoder on text (replay_language_bf16.cpp).
     if (shape.crops > 0) {
-      // Replayed so far: the ViT and the projector trained or frozen in fp32 storage.
-      if ((!spec.vision.trainable && spec.vision.parameter_bytes != 4) ||
-          (!spec.projector.trainable && spec.projector.parameter_bytes != 4)) {
-        return "a vision tower or projector frozen in bf16 storage under bf16 autocast";
+      // Replayed so far: the ViT trained or frozen (either storage), the projector trained or
+      // frozen in fp32 storage.
+      if (!spec.projector.trainable && spec.projector.parameter_bytes != 4) {
+        return "a projector frozen in bf16 storage under bf16 autocast";
       }
     }
     if (!spec.language.trainable) return "a frozen decoder under bf16 autocast";
@@ -68,9 +68,8 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
       (shape.crops == 0 || !(spec.vision.trainable || spec.projector.trainable))) {
     return "a frozen decoder with no trained module before it (no graph)";
   }
-  if (shape.crops > 0 && ((!spec.vision.trainable && spec.vision.parameter_bytes != 4) ||
-                          (!spec.projector.trainable && spec.projector.parameter_bytes != 4))) {
-    return "crops with the vision tower or projector frozen in bf16";
+  if (shape.crops > 0 && !spec.projector.trainable && spec.projector.parameter_bytes != 4) {
+    return "crops with the projector frozen in bf16";
   }
   if (shape.supervised_tokens <= 0) return "no supervised token";
   if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {

@@ -190,8 +190,11 @@ CATCH_TEST_CASE("memory model: step peaks of fp32 text steps, first and steady, 
 }
 
 CATCH_TEST_CASE("memory model: step peaks of fp32 steps with crops, first and steady, to the byte") {
-  // Any module trained or frozen (fp32 storage; bf16 is not modelled yet), never all three.
-  sweep(47, 100, /*max_crops=*/8, [](ModelLevers& levers) { levers.frozen_dtype = "fp32"; });
+  // Any module trained or frozen, never all three; a frozen ViT in fp32 or bf16 storage (a
+  // projector or decoder frozen in bf16 storage is not modelled yet).
+  sweep(47, 100, /*max_crops=*/8, [](ModelLevers& levers) {
+    if (levers.freeze_projector || levers.freeze_language) levers.frozen_dtype = "fp32";
+  });
 }
 
 CATCH_TEST_CASE("memory model: step peaks say which configurations they do not model") {
@@ -229,11 +232,21 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
   const test::ProbeBatch images = test::random_batch(dims, rng, 2, /*max_crops=*/3);
   CATCH_REQUIRE(images.shape.crops > 0);
   CATCH_CHECK(memory::step_peaks(fp32, images.shape, true).modelled);
-  unmodelled(bf16, images.shape);  // the image path under autocast is not replayed yet
+  CATCH_CHECK(memory::step_peaks(bf16, images.shape, true).modelled);
+  levers = ModelLevers{};
+  levers.freeze_language = true;  // a frozen decoder under autocast is not replayed yet
+  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kBf16), images.shape);
+  levers = ModelLevers{};
+  levers.freeze_projector = true;  // nor a projector frozen in bf16 storage
+  levers.frozen_dtype = "bf16";
+  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), images.shape);
   levers = ModelLevers{};
   levers.freeze_vision = true;
   levers.frozen_dtype = "bf16";
-  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), images.shape);
+  for (const auto precision : {memory::ComputePrecision::kFp32, memory::ComputePrecision::kBf16}) {
+    CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, precision), images.shape, true)
+                    .modelled);
+  }
   levers.frozen_dtype = "fp32";
   CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
                                  images.shape, true)
@@ -330,17 +343,18 @@ void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust
 
 CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward, to the byte") {
   image_path(53, memory::ComputePrecision::kFp32, [](ModelLevers& levers) {
-    // One of the two may be frozen (fp32 storage): with both frozen nothing has a gradient.
+    // One of the two may be frozen (with both frozen nothing has a gradient): the ViT in fp32
+    // or bf16 storage, the projector in fp32.
     if (levers.freeze_vision) levers.freeze_projector = false;
-    levers.frozen_dtype = "fp32";
+    if (levers.freeze_projector) levers.frozen_dtype = "fp32";
   });
 }
 
 CATCH_TEST_CASE("memory model: the image path's own peaks under bf16 autocast, to the byte") {
   image_path(67, memory::ComputePrecision::kBf16, [](ModelLevers& levers) {
-    // The replayed bf16 subset: one of the two may be frozen (fp32 storage).
+    // One of the two may be frozen: the ViT in fp32 or bf16 storage, the projector in fp32.
     if (levers.freeze_vision) levers.freeze_projector = false;
-    levers.frozen_dtype = "fp32";
+    if (levers.freeze_projector) levers.frozen_dtype = "fp32";
   });
 }
 
@@ -354,10 +368,11 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast text steps, first and
 }
 
 CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps with crops, first and steady, to the byte") {
-  // A trained decoder (the replayed bf16 subset), the ViT or projector frozen at times (fp32
-  // storage); either tower checkpointed or not, the ViT and the loss chunked or not.
+  // A trained decoder (the replayed bf16 subset), the ViT (fp32 or bf16 storage) or the
+  // projector (fp32) frozen at times; either tower checkpointed or not, the ViT and the loss
+  // chunked or not.
   sweep(61, 100, /*max_crops=*/8, [](ModelLevers& levers) {
     levers.freeze_language = false;
-    levers.frozen_dtype = "fp32";
+    if (levers.freeze_projector) levers.frozen_dtype = "fp32";
   }, memory::ComputePrecision::kBf16);
 }

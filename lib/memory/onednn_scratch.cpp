@@ -7,6 +7,8 @@
 // scratchpad tensor of exactly that size from LibTorch's allocator. Checked against the
 // tracking allocator over 17,436 shapes (mm, bmm, transposed operands, 1 to 16 threads).
 #include <algorithm>
+#include <tuple>
+#include <unordered_map>
 
 #include "memory/replay.h"
 
@@ -92,6 +94,37 @@ int64_t brgemm_scratch(int ndims, int64_t batch, int64_t M, int64_t K, int64_t N
   return bytes;
 }
 
+// The search costs up to 256 x 16 x 4 candidates; a replay asks for the same few shapes in
+// every block, so each thread keeps the answers it has computed.
+struct ShapeKey {
+  int64_t threads, batch, M, K, N;
+  bool a_transposed, b_transposed;
+  bool operator==(const ShapeKey& o) const {
+    return std::tie(threads, batch, M, K, N, a_transposed, b_transposed) ==
+           std::tie(o.threads, o.batch, o.M, o.K, o.N, o.a_transposed, o.b_transposed);
+  }
+};
+struct ShapeHash {
+  size_t operator()(const ShapeKey& k) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    for (const int64_t v : {k.threads, k.batch, k.M, k.K, k.N, int64_t{k.a_transposed},
+                            int64_t{k.b_transposed}}) {
+      h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+int64_t compute_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K, int64_t N,
+                        bool a_transposed, bool b_transposed) {
+  if (batch <= 0) {
+    // mm reaches oneDNN as C^T = B^T A^T: the left operand stays the input unless N == 1.
+    if (N != 1) return brgemm_scratch(2, 1, M, K, N, a_transposed && !(M == 1 && K == 1), threads);
+    return brgemm_scratch(2, 1, 1, K, M, !b_transposed && K > 1, threads);
+  }
+  return brgemm_scratch(3, batch, M, K, N, a_transposed && !(M == 1 && K == 1), threads);
+}
+
 }  // namespace
 
 int64_t bf16_matmul_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K, int64_t N,
@@ -99,12 +132,14 @@ int64_t bf16_matmul_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K
   if (M <= 0 || K <= 0 || N <= 0 || threads <= 0) return 0;
   // Below 16^3 multiply-adds ATen runs the product natively (mkldnn_gemm_min_size).
   if (std::max<int64_t>(batch, 1) * M * K * N <= 16 * 16 * 16) return 0;
-  if (batch <= 0) {
-    // mm reaches oneDNN as C^T = B^T A^T: the left operand stays the input unless N == 1.
-    if (N != 1) return brgemm_scratch(2, 1, M, K, N, a_transposed && !(M == 1 && K == 1), threads);
-    return brgemm_scratch(2, 1, 1, K, M, !b_transposed && K > 1, threads);
-  }
-  return brgemm_scratch(3, batch, M, K, N, a_transposed && !(M == 1 && K == 1), threads);
+  thread_local std::unordered_map<ShapeKey, int64_t, ShapeHash> known;
+  const ShapeKey key{threads, batch, M, K, N, a_transposed, b_transposed};
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  if (known.size() > (1u << 16)) known.clear();  // bounded: shapes come from a few models
+  const int64_t bytes = compute_scratch(threads, batch, M, K, N, a_transposed, b_transposed);
+  known.emplace(key, bytes);
+  return bytes;
 }
 
 }  // namespace vlm::memory::replay

@@ -32,8 +32,10 @@ struct MemorySpec {
   ModelLevers levers;  // checkpointing and chunking; freezing is resolved into the states below
   ComputePrecision precision = ComputePrecision::kFp32;
   ModuleState vision, projector, language;
-  // LibTorch's intra-op threads (train.threads; 0 there means every core): LayerNorm's
-  // backward accumulates its weight and bias gradients in a [2, threads, width] buffer.
+  // LibTorch's intra-op CPU threads (train.threads; 0 there means every core): LayerNorm's
+  // backward accumulates its weight and bias gradients in a [2, threads, width] buffer, and
+  // oneDNN's bf16 products book a scratchpad per thread. 0 here: the step runs on a GPU, where
+  // neither CPU term exists.
   int64_t threads = 1;
 };
 

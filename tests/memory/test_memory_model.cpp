@@ -5,8 +5,10 @@
 #include <cmath>
 
 #include "memory/batch_shape.h"
+#include "memory/replay.h"
 #include "memory/saved_activations.h"
 #include "memory/static_memory.h"
+#include "memory/step_peaks.h"
 #include "spec/derived.h"
 
 using namespace vlm;
@@ -123,4 +125,28 @@ TEST_CASE("saved activations: at 512 px a bf16 ViT block keeps more than an fp32
   const int64_t weights = 2 * (4 * 768 * 768 + 2 * 768 * 3072);
   CHECK(block(memory::ComputePrecision::kFp32) == 100'679'680);
   CHECK(block(memory::ComputePrecision::kBf16) == 103'825'408 + weights);
+}
+
+TEST_CASE("step peaks: a spec for a GPU (threads 0) counts none of the CPU's own terms") {
+  // oneDNN's per-call scratchpad of a bf16 product (K = 64: the batch list, 2 blocks of B and
+  // 2 x 128 B of padding on one thread), and none without CPU threads.
+  CHECK(vlm::memory::replay::bf16_matmul_scratch(1, 0, 64, 64, 64, false, true) ==
+        256 + 512 + 2 * 4096);
+  CHECK(vlm::memory::replay::bf16_matmul_scratch(2, 0, 64, 64, 64, false, true) ==
+        256 + 2 * (512 + 2 * 4096));
+  CHECK(vlm::memory::replay::bf16_matmul_scratch(0, 0, 64, 64, 64, false, true) == 0);
+  // Below 16^3 multiply-adds ATen multiplies natively.
+  CHECK(vlm::memory::replay::bf16_matmul_scratch(1, 0, 16, 16, 16, false, true) == 0);
+  auto spec = vlm::memory::memory_spec(vlm::spec::preset("tiny"), vlm::ModelLevers{},
+                                       vlm::memory::ComputePrecision::kBf16);
+  const auto shape = vlm::memory::BatchShape::from_segments(1, 64, {40, 24}, 0, 10);
+  spec.threads = 1;
+  const auto cpu = vlm::memory::step_peaks(spec, shape, true);
+  spec.threads = 0;
+  const auto gpu = vlm::memory::step_peaks(spec, shape, true);
+  REQUIRE(cpu.modelled);
+  REQUIRE(gpu.modelled);
+  // The backward's top is a product's (the forward's here is the loss, after its product).
+  CHECK(gpu.forward <= cpu.forward);
+  CHECK(gpu.backward < cpu.backward);
 }

@@ -97,6 +97,8 @@ std::vector<int64_t> language_parameters(const Lm& x);
 void rms_norm_forward(Timeline& t, const Lm& x);
 // The same without a graph (a checkpointed block's forward): only y stays.
 void rms_norm_forward_nograd(Timeline& t, const Lm& x);
+// The same with a frozen weight: x^2 and rsqrt kept, x * r not.
+void rms_norm_forward_frozen(Timeline& t, const Lm& x);
 void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
                        bool checkpoint_input = false, bool holds_incoming = false);
 

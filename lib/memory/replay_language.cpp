@@ -60,6 +60,20 @@ void rms_norm_forward_nograd(Timeline& t, const Lm& x) {
   t.free(hidden);                // n
 }
 
+// RMSNorm forward with a frozen weight (a gradient still flows through it): x^2 and rsqrt kept
+// as when trained, but n (x * r) is kept by nobody (the frozen weight's product keeps the
+// weight only) and dies at return; y is kept by nobody either.
+void rms_norm_forward_frozen(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, row = e * x.N;
+  t.alloc(hidden + row);  // x^2 (kept), its mean
+  t.alloc(kWrappedScalar + row);
+  t.free(kWrappedScalar);
+  t.alloc(row + hidden);  // rsqrt (kept), n
+  t.free(2 * row);        // mean, mean + eps
+  t.alloc(hidden);        // y = n * w
+  t.free(hidden);         // n
+}
+
 namespace {
 
 // q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
@@ -122,20 +136,6 @@ void block_forward(Timeline& t, const Lm& x) {
   t.alloc(hidden);   // down
   t.alloc(hidden);   // out = h + down (:109), kept by the next norm
   t.free(hidden);    // down
-}
-
-// RMSNorm forward with a frozen weight (a gradient still flows through it): x^2 and rsqrt kept
-// as when trained, but n (x * r) is kept by nobody (the frozen weight's product keeps the
-// weight only) and dies at return; y is kept by nobody either.
-void rms_norm_forward_frozen(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N;
-  t.alloc(hidden + row);  // x^2 (kept), its mean
-  t.alloc(kWrappedScalar + row);
-  t.free(kWrappedScalar);
-  t.alloc(row + hidden);  // rsqrt (kept), n
-  t.free(2 * row);        // mean, mean + eps
-  t.alloc(hidden);        // y = n * w
-  t.free(hidden);         // n
 }
 
 // One decoder block with frozen weights, a gradient flowing through it to a trained image

@@ -19,12 +19,15 @@ constexpr int64_t h = 2;  // bf16
 // A linear on an input of `rows` tokens from `in` to `out` features, trained, under autocast:
 // the weight's bf16 copy, the input's (when `cast_input`: an fp32 input), the output, then the
 // product's scratchpad. The copies stay (kept for the backward); the output is the caller's.
+// A frozen decoder's linear keeps only the weight's copy (for its input's gradient): the
+// input's copy dies with the product (a bf16 input is the caller's to free).
 void linear_forward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out,
                     bool cast_input) {
   t.alloc(h * in * out);
   if (cast_input) t.alloc(h * rows * in);
   t.alloc(h * rows * out);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, in, out, false, true));
+  if (x.frozen && cast_input) t.free(h * rows * in);
 }
 
 // RoPE on a bf16 projection of `width` bytes (language_model.cpp:53-58): cos and sin cast to
@@ -191,6 +194,7 @@ void cross_entropy_forward(Timeline& t, const Lm& x, int64_t rows, bool graph = 
   t.alloc(copies + logits / 2);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.D, x.V, false, true));
   if (!graph) t.free(copies);
+  if (graph && x.frozen) t.free(h * rows * x.D);  // a frozen head needs no rows' copy
   t.alloc(logits);
   t.free(logits / 2);
   t.alloc(logits + 4 + 4);
@@ -210,15 +214,19 @@ void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targ
   t.free(2 * logits);
   t.alloc(logits / 2);
   t.free(logits);
-  t.alloc(head / 2);
-  t.transient(bf16_matmul_scratch(x.threads, 0, x.V, rows, x.D, true, false));
+  if (!x.frozen) {
+    t.alloc(head / 2);
+    t.transient(bf16_matmul_scratch(x.threads, 0, x.V, rows, x.D, true, false));
+  }
   t.alloc(grad_rows / 2);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.V, x.D, false, false));
-  t.free(logits / 2 + grad_rows / 2 + head / 2);
+  t.free(logits / 2 + (x.frozen ? 0 : grad_rows / 2) + head / 2);
   t.alloc(grad_rows);
   t.free(grad_rows / 2);
-  t.alloc(head);
-  t.free(head / 2);
+  if (!x.frozen) {
+    t.alloc(head);
+    t.free(head / 2);
+  }
 }
 
 // The chunked loss's backward (token_loss.cpp:38-47) under autocast, as in fp32
@@ -264,7 +272,8 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
   const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, kv = h * x.N * x.Dkv,
                 mlp = h * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
-  rms_norm_forward(t, x);  // y1 (fp32), a temporary of the statement
+  const auto norm = x.frozen ? rms_norm_forward_frozen : rms_norm_forward;
+  norm(t, x);  // y1 (fp32), a temporary of the statement
   linear_forward(t, x, x.N, x.D, x.D, true);
   rotary_bf16(t, x, hidden);
   linear_forward(t, x, x.N, x.D, x.Dkv, true);
@@ -283,14 +292,16 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
   t.alloc(hidden);  // the context, contiguous (kept by out_proj)
   linear_forward(t, x, x.N, x.D, x.D, false);
   t.free(hidden);  // attended (the cat)
+  if (x.frozen) t.free(hidden);  // the context: a frozen out_proj keeps its weight only
   if (gqa) t.free(2 * kv);
   residual_add(t, x);  // h = x + o, kept by norm2
   t.free(stream);      // y1
-  rms_norm_forward(t, x);  // y2
+  norm(t, x);          // y2
   linear_forward(t, x, x.N, x.D, x.F, true);  // gate
   linear_forward(t, x, x.N, x.D, x.F, true);  // up
   t.alloc(2 * mlp);                           // silu(gate), the product
   linear_forward(t, x, x.N, x.F, x.D, false); // down
+  if (x.frozen) t.free(mlp);  // the product
   residual_add(t, x);  // out = h + down
   t.free(stream);      // y2
 }
@@ -301,16 +312,21 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
 // input's; then the output's gradient, the kept bf16 input (autocast's copy, or the input
 // itself when it was bf16) and the kept weight copy are freed. The weight's ToCopyBackward0 runs after the input's (autocast
 // casts the weight first): the caller runs them.
+// Frozen: the input's gradient only, and no input was kept.
 void linear_backward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out) {
-  t.alloc(h * in * out);
-  t.transient(bf16_matmul_scratch(x.threads, 0, out, rows, in, true, false));
+  if (!x.frozen) {
+    t.alloc(h * in * out);
+    t.transient(bf16_matmul_scratch(x.threads, 0, out, rows, in, true, false));
+  }
   t.alloc(h * rows * in);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, out, in, false, false));
-  t.free(h * rows * out + h * rows * in + h * in * out);
+  t.free(h * rows * out + (x.frozen ? 0 : h * rows * in) + h * in * out);
 }
 
-// A bf16 weight gradient converted to fp32 (ToCopyBackward0), then its AccumulateGrad.
-void weight_to_fp32(Timeline& t, int64_t numel, bool keep) {
+// A bf16 weight gradient converted to fp32 (ToCopyBackward0), then its AccumulateGrad; none
+// for a frozen decoder.
+void weight_to_fp32(Timeline& t, const Lm& x, int64_t numel, bool keep) {
+  if (x.frozen) return;
   t.alloc(e * numel);
   t.free(h * numel);
   accumulate_grad(t, e * numel, keep);
@@ -401,24 +417,24 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
   // MLP. `h + down` hands g to h and, converted to bf16, to down.
   t.alloc(hidden);
   linear_backward(t, x, x.N, x.F, x.D);  // down; it kept the product
-  weight_to_fp32(t, x.D * x.F, keep);
+  weight_to_fp32(t, x, x.D * x.F, keep);
   t.alloc(2 * mlp);  // MulBackward0 (silu * up)
   t.free(3 * mlp);
   t.alloc(mlp);      // SiluBackward0
   t.free(2 * mlp);
   linear_backward(t, x, x.N, x.D, x.F);  // up
   input_to_fp32(t, x, false);
-  weight_to_fp32(t, x.D * x.F, keep);
+  weight_to_fp32(t, x, x.D * x.F, keep);
   linear_backward(t, x, x.N, x.D, x.F);  // gate
   input_to_fp32(t, x, true);
-  weight_to_fp32(t, x.D * x.F, keep);
+  weight_to_fp32(t, x, x.D * x.F, keep);
   rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/false,
                     /*holds_incoming=*/nested);  // norm2, into h's gradient
   // `x + o` hands h's gradient to x and, converted to bf16, to o; out_proj (its input, the
   // context, was bf16: no cast).
   t.alloc(hidden);
   linear_backward(t, x, x.N, x.D, x.D);  // it kept the context
-  weight_to_fp32(t, x.D * x.D, keep);
+  weight_to_fp32(t, x, x.D * x.D, keep);
   attention_backward_bf16(t, x);
   // v, k, q (created last first).
   if (gqa) {
@@ -431,7 +447,7 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
   t.free(kv);
   linear_backward(t, x, x.N, x.D, x.Dkv);
   input_to_fp32(t, x, false);
-  weight_to_fp32(t, x.D * x.Dkv, keep);
+  weight_to_fp32(t, x, x.D * x.Dkv, keep);
   for (const bool q : {false, true}) {
     const int64_t width = q ? hidden : kv, cast = h * x.N * x.hd;
     t.alloc(width);  // grad * s
@@ -446,7 +462,7 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
     t.free(width);
     linear_backward(t, x, x.N, x.D, q ? x.D : x.Dkv);
     input_to_fp32(t, x, true);
-    weight_to_fp32(t, x.D * (q ? x.D : x.Dkv), keep);
+    weight_to_fp32(t, x, x.D * (q ? x.D : x.Dkv), keep);
   }
   rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/nested);  // norm1
 }
@@ -483,7 +499,7 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
       block_forward_bf16(t, x);
     }
   }
-  rms_norm_forward(t, x);  // the final norm
+  (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);  // the final norm
   // The products kept bf16 copies: the fp32 tables die with the forward's scope, unless the
   // checkpointed blocks' closures keep them.
   if (!x.checkpoint) t.free(tables);
@@ -525,7 +541,7 @@ void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
     cross_entropy_backward(t, x, x.Ns, 8 * x.Ns);
     // An untied head's gradient reaches its AccumulateGrad; a tied one waits for the
     // embedding's.
-    if (!x.tied) accumulate_grad(t, head, first_step);
+    if (!x.tied && !x.frozen) accumulate_grad(t, head, first_step);
     t.alloc(stream);  // IndexSelectBackward0
     t.free(rows + 8 * x.Ns);
   } else {

@@ -15,6 +15,8 @@ packages=(
   libturbojpeg0-dev libpng-dev libstb-dev libpcre2-dev
   # lint of the job scripts (CI)
   shellcheck
+  # fuzzing (scripts/fuzz.sh, CI): clang and its libFuzzer and sanitizer runtimes
+  clang libclang-rt-14-dev
 )
 
 missing=()

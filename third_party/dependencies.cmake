@@ -38,6 +38,13 @@ else()
   set(VLM_YAML_TARGET yaml-cpp)
 endif()
 
+find_package(Threads REQUIRED)
+
+# A fuzzing build (VLM_FUZZ) has the torch-free layers only.
+if(VLM_FUZZ)
+  return()
+endif()
+
 # LibTorch: Debian's 1.13.1 (CPU) by default; a CUDA 2.x one through -DCMAKE_PREFIX_PATH.
 find_package(Torch QUIET)
 vlm_require(Torch_FOUND "LibTorch" "libtorch-dev libgloo-dev libopenblas0-openmp")
@@ -52,5 +59,3 @@ if(VLM_BUILD_TESTS)
   find_package(Catch2 2 QUIET)
   vlm_require(Catch2_FOUND "Catch2 v2" "catch2")
 endif()
-
-find_package(Threads REQUIRED)

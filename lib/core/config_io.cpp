@@ -1,8 +1,14 @@
 #include "core/config_io.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
+
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 
 #include "core/config_visitors.h"
 #include "core/strings.h"
@@ -41,6 +47,60 @@ std::string read_config_text(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// The offset of the first byte that does not begin a well-formed UTF-8 sequence (Unicode 15,
+// table 3-7: no overlong forms, surrogates or code points past U+10FFFF), or npos.
+size_t first_invalid_utf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t continuation = 0;
+    unsigned char low = 0x80, high = 0xBF;  // the range of the first continuation byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      continuation = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      continuation = 2;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      continuation = 3;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    } else {
+      return i;
+    }
+    if (text.size() - i <= continuation) return i;
+    for (size_t k = 1; k <= continuation; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if (b < (k == 1 ? low : 0x80) || b > (k == 1 ? high : 0xBF)) return i;
+    }
+    i += continuation + 1;
+  }
+  return std::string_view::npos;
+}
+
+// YAML text is Unicode; a string that is not UTF-8 could not even be printed or hashed as JSON
+// (config --json, the config hash of every run).
+void reject_invalid_utf8(const std::string& text, const Source& source) {
+  const size_t bad = first_invalid_utf8(text);
+  if (bad == std::string_view::npos) return;
+  SourceLocation where{source.name};
+  if (source.has_lines) {
+    const auto end = text.begin() + static_cast<std::ptrdiff_t>(bad);
+    where.line = 1 + std::count(text.begin(), end, '\n');
+    const size_t newline = bad == 0 ? std::string::npos : text.rfind('\n', bad - 1);
+    const size_t line_start = newline == std::string::npos ? 0 : newline + 1;
+    where.column = static_cast<int64_t>(bad - line_start) + 1;
+  }
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[bad]));
+  throw ConfigError(std::string("not valid UTF-8 (byte ") + byte + "); YAML text must be UTF-8",
+                    where);
 }
 
 // YAML forbids tabs in indentation; yaml-cpp's own message for them is cryptic.
@@ -109,19 +169,69 @@ void walk_with_budget(const YAML::Node& node, int64_t& budget, int depth, const 
   }
 }
 
+SourceLocation location_of(const Source& source, const YAML::Mark& mark) {
+  SourceLocation where{source.name};
+  if (source.has_lines && mark.line >= 0) {
+    where.line = mark.line + 1;
+    where.column = mark.column + 1;
+  }
+  return where;
+}
+
+// Where each document of a YAML stream starts; builds no nodes.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts;
+
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// A config is one YAML document: yaml-cpp's Load would keep the first of several and drop the
+// rest without a word. The documents are counted here, two at most, instead of with LoadAll:
+// yaml-cpp 0.7's LoadAll never returns on a stream with a token that cannot start a value at
+// the top level (a lone ',', jbeder/yaml-cpp#1040): its parser reports an empty document
+// without consuming that token, again and again, growing the list each time. Such a stream
+// starts its second document where the first started.
+void require_one_document(const std::string& text, const Source& source) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts documents;
+  while (documents.starts.size() < 2 && parser.HandleNextDocument(documents)) {
+  }
+  if (documents.starts.size() < 2) return;
+  const YAML::Mark& first = documents.starts[0];
+  const YAML::Mark& second = documents.starts[1];
+  if (second.pos == first.pos) {
+    throw ConfigError(
+        "invalid YAML: a character that cannot start a value here (a stray ',', "
+        "']' or '}'?)",
+        location_of(source, first));
+  }
+  throw ConfigError(
+      "the text holds more than one YAML document (separated by '---'); a config "
+      "is one document",
+      location_of(source, second));
+}
+
 YAML::Node parse_yaml(const std::string& text, const Source& source) {
+  reject_invalid_utf8(text, source);
   reject_tab_indentation(text, source.name);
   reject_deep_nesting(text, source.name);
   YAML::Node root;
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
-    if (documents.size() > 1) {
-      // yaml-cpp's Load would keep the first and drop the rest without a word.
-      throw ConfigError("the text holds " + std::to_string(documents.size()) +
-                            " YAML documents (separated by '---'); a config is one document",
-                        source.at(documents[1]));
-    }
-    if (!documents.empty()) root = documents.front();
+    require_one_document(text, source);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     SourceLocation where{source.name};
     if (source.has_lines && e.mark.line >= 0) {

@@ -19,6 +19,8 @@ enum class ExitCode : int {
   kData = 3,              // dataset / manifest / image / tokenizer problems beyond the ceiling
   kTrainingFailed = 4,    // unrecoverable training failure (NaN loss streak, rank failure, ...)
   kOutOfMemory = 5,       // out of memory even at the smallest micro-batch split
+  kDoesNotFit = 6,        // estimate-memory --check: the predicted peak exceeds the budget
+  kSaveFailed = 7,        // a checkpoint could not be written (disk full, I/O error)
   kStoppedBySignal = 75,  // SIGTERM/SIGUSR1: checkpoint saved, requeue me (EX_TEMPFAIL)
 };
 

@@ -177,6 +177,9 @@ json parse(const fs::path& path, const std::string& text) {
     // e.byte is 1-based: the character at which parsing failed.
     throw ConfigError("memory calibration file: invalid JSON",
                       location_of(path, text, e.byte > 0 ? e.byte - 1 : 0));
+  } catch (const json::exception& e) {  // a number beyond a double (out_of_range 406)
+    throw ConfigError(std::string("memory calibration file: invalid JSON: ") + e.what(),
+                      SourceLocation{path.string()});
   }
 }
 

@@ -1,5 +1,7 @@
 #include "core/memory_records.h"
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -22,6 +24,9 @@ class Record {
     if (!j_.contains(key)) fail(std::string("missing \"") + key + "\"");
     const json& v = j_.at(key);
     if (!v.is_number_integer()) fail(std::string("\"") + key + "\" is not an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
+      fail(std::string("\"") + key + "\" is too large: " + v.dump());
+    }
     return v.get<int64_t>();
   }
   std::optional<int64_t> optional_integer(const char* key) const {
@@ -33,6 +38,16 @@ class Record {
       fail(std::string("\"memory_corrections\" needs a number \"") + key + "\"");
     }
     return object.at(key).get<double>();
+  }
+  // A byte count written as a number: whole or not (the trainer writes integers), it must fit
+  // an int64_t.
+  int64_t bytes(const json& object, const char* key) const {
+    const double value = real(object, key);
+    if (!(std::fabs(value) < 9.0e18)) {
+      fail(std::string("\"memory_corrections\" has \"") + key +
+           "\" out of range: " + object.at(key).dump());
+    }
+    return static_cast<int64_t>(value);
   }
   std::string string(const char* key) const {
     if (!j_.contains(key) || !j_.at(key).is_string()) {
@@ -64,9 +79,9 @@ RunRecord read_run(const Record& r, int64_t line) {
   if (run.world_size < 1) r.fail("\"world_size\" must be at least 1");
   const json& c = r.object("memory_corrections");
   run.activation_scale = r.real(c, "activation_scale");
-  run.allocated_offset_bytes = static_cast<int64_t>(r.real(c, "allocated_offset_bytes"));
+  run.allocated_offset_bytes = r.bytes(c, "allocated_offset_bytes");
   run.fragmentation = r.real(c, "fragmentation");
-  run.cuda_context_bytes = static_cast<int64_t>(r.real(c, "cuda_context_bytes"));
+  run.cuda_context_bytes = r.bytes(c, "cuda_context_bytes");
   return run;
 }
 

@@ -126,9 +126,31 @@ TEST_CASE("a YAML alias that refers to its own anchor is an error, in a file and
 
 TEST_CASE("a file of two YAML documents is an error at the second, not half read") {
   CHECK(error_of("train:\n  batch_size: 2\n---\ntrain:\n  batch_size: 99\n") ==
-        "FILE:4:1: the text holds 2 YAML documents (separated by '---'); a config is one "
-        "document");
+        "FILE:3:1: the text holds more than one YAML document (separated by '---'); a config is "
+        "one document");
   CHECK(error_of("---\ntrain:\n  batch_size: 2\n") == "no error");  // one document, marked
+}
+
+TEST_CASE("a config that is not UTF-8 is an error at the first bad byte, not an internal error") {
+  // fuzz/corpus/config/invalid_utf8_path: the string reached the config hash, whose JSON
+  // printing threw nlohmann's type_error (exit 1).
+  CHECK(error_of("data:\n  train:\n    - path: data/\xff.jsonl\n") ==
+        "FILE:3:18: not valid UTF-8 (byte 0xFF); YAML text must be UTF-8");
+  CHECK(error_of("output:\n  dir: \xc3\x28\n") ==
+        "FILE:2:8: not valid UTF-8 (byte 0xC3); YAML text must be UTF-8");
+  CHECK(error_of("output:\n  dir: \xed\xa0\x80\n").find("byte 0xED") != std::string::npos);
+  CHECK(error_of("output:\n  dir: runs/\xc3\xa9t\xc3\xa9 \xf0\x9f\x8c\x8d\n") == "no error");
+  CHECK(error_of("train:\n  batch_size: 2\n", {"output.dir=\xfe"}).find("not valid UTF-8") !=
+        std::string::npos);
+}
+
+TEST_CASE("a stray ',' at the top level is invalid YAML, in a file and in --set, not a hang") {
+  // yaml-cpp 0.7's LoadAll loops forever on these (fuzz/corpus/config/stray_comma_*).
+  const std::string message = "invalid YAML: a character that cannot start a value here";
+  CHECK(error_of(",").find("FILE:1:1: " + message) == 0);
+  CHECK(error_of("# a comment\n,# another").find("FILE:2:1: " + message) == 0);
+  CHECK(error_of("train:\n  batch_size: 2\n", {"train.batch_size=,"}).find(message) !=
+        std::string::npos);
 }
 
 TEST_CASE("image normalisation must divide by a real std") {

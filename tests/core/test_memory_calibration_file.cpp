@@ -141,6 +141,9 @@ TEST_CASE("memory calibration file: every malformed field is named by file and J
                 "is $.entries[0])");
   check_refused(std::string(100, '[') + std::string(100, ']'), "nested deeper than 64");
   check_refused("", "invalid JSON");
+  // A number beyond a double is nlohmann's out_of_range, not a parse error
+  // (fuzz/corpus/calibration_file/number_past_double.json).
+  check_refused(file_with(entry_with("1.02", "1e400")), "invalid JSON");
 }
 
 TEST_CASE("memory calibration file: a missing file or a directory is a usage error") {
@@ -197,6 +200,16 @@ TEST_CASE("memory records: run and step records, torn last line, errors at file:
           ":1: metrics record: missing object \"memory_corrections\"");
   refused(kRun + "\n" + std::string(70, '[') + std::string(70, ']') + "\n",
           ":2: metrics line is not a JSON object");
+  // Byte counts that fit no int64 (fuzz/corpus/memory_records/bytes_past_int64): converting
+  // them was undefined behaviour.
+  std::string huge = kRun;
+  huge.replace(huge.find("287047680"), 9, "2.87e27");
+  refused(huge + "\n",
+          ":1: metrics record: \"memory_corrections\" has \"cuda_context_bytes\" "
+          "out of range");
+  std::string step = step_line(1, 5, 5);
+  step.replace(step.find("\"step\": 1"), 9, "\"step\": 18446744073709551615");
+  refused(kRun + "\n" + step + "\n", ":2: metrics record: \"step\" is too large");
   CHECK_THROWS_WITH(read_memory_records(dir / "missing.jsonl"),
                     Catch::Contains("cannot open the run's metrics"));
 }

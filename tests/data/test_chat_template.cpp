@@ -192,6 +192,21 @@ TEST_CASE("chat template errors") {
   CHECK_THROWS_WITH(ChatTemplate(bare, 4), Catch::Contains("<|image|>"));
 }
 
+TEST_CASE("a text that spells an image token is refused: the image slots stay crops x N") {
+  // fuzz/corpus/chat_template/literal_image_token: "<|image|>" in a user's text became one
+  // more image slot than the sample has crop features for.
+  const Tokenizer tokenizer = chat_tokenizer();
+  const ChatTemplate chat(tokenizer, 4);
+  CHECK_THROWS_WITH(chat.apply(qa("what is <|image|> here?", "a"), {grid(1, 1)}),
+                    Catch::Contains("the text contains the image token \"<|image|>\""));
+  CHECK_THROWS_WITH(chat.apply(qa("q", "<|global_image|>"), {}),
+                    Catch::Contains("<|global_image|>"));
+  CHECK_THROWS_WITH(chat.apply(qa("<row_8_col_8>", "a"), {}), Catch::Contains("<row_8_col_8>"));
+  // The marker and look-alikes are text.
+  CHECK(chat.apply(qa("<image> and <|image| > and <image: 3>", "a"), {grid(1, 1)}).image_tokens ==
+        4);
+}
+
 TEST_CASE("chat roles parse from manifest names") {
   CHECK(parse_chat_role("user") == ChatRole::kUser);
   CHECK(parse_chat_role("assistant") == ChatRole::kAssistant);

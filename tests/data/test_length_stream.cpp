@@ -48,6 +48,25 @@ TEST_CASE("length stream: malformed lines name file:line and the problem") {
         "must be an integer");
   check("[5, 0, 0, 0]", "expected a JSON object");
   check("{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 9}", "exceeds tokens");
+  // nlohmann's out_of_range, which escaped as an internal error
+  // (fuzz/corpus/length_stream/number_past_double).
+  check("{\"tokens\": 91e30877, \"images\": 0, \"crops\": 0, \"supervised\": 0}", "bad JSON");
+  // Printing the value in the message would recurse once per level.
+  check(std::string(30000, '[') + std::string(30000, ']'), "nested deeper than 64");
+}
+
+TEST_CASE("length stream: a line without an end (an endless stream) is refused, not read") {
+  vlm::test::TempDir dir;
+  const auto path = vlm::test::write_file(
+      dir / "s.jsonl", "{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 1}\n" +
+                           std::string(kMaxLengthLineBytes + 1, '0'));
+  const std::string message = error_of(path);
+  INFO(message);
+  REQUIRE(message.find(path + ":2: line longer than 64 KiB") == 0);
+  // A last line without a newline is read.
+  const auto last = vlm::test::write_file(
+      dir / "t.jsonl", "{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 1}");
+  REQUIRE(read_length_stream(last).size() == 1);
 }
 
 TEST_CASE("length stream: a missing file is a DataError naming it") {

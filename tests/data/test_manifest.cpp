@@ -52,8 +52,13 @@ TEST_CASE("malformed lines come back as problems with a stable reason") {
   CHECK(reason(R"({"texts": [{"user": "q", "assistant": ""}]})") == "no_assistant_turn");
   CHECK(reason(R"({"conversations": [{"from": "gpt", "value": "a"}]})") == "bad_schema");
   CHECK(reason(R"({"conversations": [{"from": "robot", "value": "a"}]})") == "unsupported_role");
+  // A format named in the config whose main key is missing (this once read freed memory:
+  // fuzz/corpus/manifest/llava_without_conversations).
   CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})", ManifestFormat::kLlava) ==
         "bad_schema");
+  CHECK(reason(R"({"image": "a.jpg", "d": 0})", ManifestFormat::kLlava) == "bad_schema");
+  CHECK(reason(R"({"conversations": [{"from": "human", "value": "q"}]})",
+               ManifestFormat::kCauldron) == "bad_schema");
   CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})") == "ok");
 }
 

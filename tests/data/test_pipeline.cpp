@@ -130,6 +130,23 @@ TEST_CASE("a restored planning cursor continues exactly as the uninterrupted pip
   }
 }
 
+TEST_CASE("a cursor whose packs name a sample the source did not save is refused on restore") {
+  // fuzz/corpus/checkpoint_state/in_flight_id_missing.json: the restore went through and the
+  // next step failed with std::out_of_range (an internal error) looking the sample up.
+  DemoFixture fixture;
+  DataSetup setup(fixture.config, 1);
+  auto reference = setup.training_pipeline();
+  nlohmann::json cursor;
+  for (int i = 0; i < 3; ++i) cursor = reference->next_step()->cursor_after;
+  REQUIRE(!cursor["source"]["in_flight"].empty());
+  const uint64_t renamed = cursor["source"]["in_flight"][0][0].get<uint64_t>();
+  cursor["source"]["in_flight"][0][0] = 999999999;
+  auto resumed = setup.training_pipeline();
+  CHECK_THROWS_WITH(
+      resumed->restore(cursor),
+      Catch::Contains("the saved data cursor is inconsistent: sample " + std::to_string(renamed)));
+}
+
 TEST_CASE("the loader collates rows, crops and labels consistently") {
   DemoFixture fixture(60, {"train.batch_size=2", "train.gradient_accumulation_steps=3"});
   DataSetup setup(fixture.config, 1);

@@ -52,6 +52,8 @@ TEST_CASE("file structure errors") {
   TempDir dir;
   CHECK_THAT(load_error(dir, std::string("{\"model\": ")), Contains("not valid JSON"));
   CHECK_THAT(load_error(dir, std::string("[1, 2]")), Contains("top level must be a JSON object"));
+  // A number beyond a double (fuzz/corpus/tokenizer/number_past_double).
+  CHECK_THAT(load_error(dir, std::string("{\"version\": 41e308}")), Contains("not valid JSON"));
   auto json = valid_json();
   json.erase("model");
   CHECK_THAT(load_error(dir, json), Contains("no \"model\""));
@@ -64,6 +66,18 @@ TEST_CASE("file structure errors") {
   json = valid_json();
   json["model"]["vocab"]["x"] = "seven";
   CHECK_THAT(load_error(dir, json), Contains("model.vocab[\"x\"]"));
+  // A sparse id would size the decoder table: 32 GiB for 2^30 - 1 (fuzz/corpus/tokenizer/
+  // sparse_id, a 70-byte file).
+  json = valid_json();
+  json["model"]["vocab"]["x"] = (1 << 30) - 1;
+  CHECK_THAT(load_error(dir, json),
+             Contains("token id 1073741823 leaves more than 65536 ids unused"));
+  json = valid_json();
+  json["added_tokens"] = {{{"id", 900000}, {"content", "<x>"}, {"special", true}}};
+  CHECK_THAT(load_error(dir, json), Contains("token id 900000 leaves more than 65536 ids unused"));
+  json = valid_json();
+  json["model"]["vocab"]["x"] = 60000;  // a few unused ids are fine
+  CHECK(load_error(dir, json).empty());
   json = valid_json();
   json["model"]["vocab"]["x"] = 3;  // id 3 is byte 3's
   CHECK_THAT(load_error(dir, json), Contains("gives id 3 to both"));

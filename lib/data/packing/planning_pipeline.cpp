@@ -93,6 +93,14 @@ void PlanningPipeline::restore(const nlohmann::json& cursor) {
   filter_.restore(DropCounts::from_json(cursor.at("drops")), cursor.at("kept").get<int64_t>());
   packer_.restore_state(cursor.at("packer"));
   planner_.restore_state(cursor.at("planner"));
+  // Every sample the restored packer and planner hold must have come back with the source: a
+  // cursor whose parts disagree (edited or damaged) would otherwise fail a later step.
+  for (const uint64_t id : in_flight_ids()) {
+    if (!source_->holds(id)) {
+      throw DataError("the saved data cursor is inconsistent: sample " + std::to_string(id) +
+                      " waits in a pack but is not among the source's saved samples");
+    }
+  }
 }
 
 }  // namespace vlm::data

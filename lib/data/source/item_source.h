@@ -33,6 +33,9 @@ class ItemSource {
   // samples must be rebuilt on restore.
   virtual nlohmann::json state(const std::vector<uint64_t>& in_flight) const = 0;
   virtual void restore(const nlohmann::json& state) = 0;
+  // Whether sample `sample_id` can be handed to the packer's consumers (after a restore: whether
+  // the state brought it back). A length stream's packs carry everything, so always.
+  virtual bool holds(uint64_t sample_id) const { return true; }
   // Draws of an endless source after which every one of its samples has come at least once;
   // 0 for a finite source, which ends by itself. Lets a consumer prove progress: that many
   // draws in a row without a usable sample means none will ever come.
@@ -62,6 +65,7 @@ class DatasetSource : public ItemSource {
   const SkipCounter* skips() const override { return skips_.get(); }
   nlohmann::json state(const std::vector<uint64_t>& in_flight) const override;
   void restore(const nlohmann::json& state) override;
+  bool holds(uint64_t sample_id) const override { return refs_.count(sample_id) > 0; }
 
   uint64_t total_samples() const;  // over all manifests (one pass)
   uint64_t pass_size() const override {
@@ -97,7 +101,6 @@ class LengthSource : public ItemSource {
  private:
   std::string path_;
   std::unique_ptr<LengthStreamReader> reader_;
-  uint64_t read_ = 0;
 };
 
 }  // namespace vlm::data

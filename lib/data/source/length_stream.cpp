@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace vlm::data {
 
@@ -38,10 +39,15 @@ int64_t read_count(const nlohmann::json& object, const char* key, const SourceLo
 PackItem parse_length_line(std::string_view text, uint64_t sample_id, const std::string& path,
                            int64_t line) {
   const SourceLocation where{path, line};
+  if (json_nesting_depth(text) > kMaxJsonDepth) {
+    throw DataError("JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                        " levels; a line is one flat object",
+                    where);
+  }
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range: a number past double
     throw DataError(std::string("bad JSON: ") + e.what(), where);
   }
   if (!object.is_object()) {
@@ -69,9 +75,23 @@ LengthStreamReader::LengthStreamReader(std::string path) : path_(std::move(path)
   if (!in_) throw DataError("cannot open length stream '" + path_ + "'; check the path");
 }
 
+bool LengthStreamReader::read_line(std::string& text) {
+  text.clear();
+  for (char c; in_.get(c);) {
+    if (c == '\n') return true;
+    if (text.size() == kMaxLengthLineBytes) {
+      throw DataError("line longer than " + std::to_string(kMaxLengthLineBytes / 1024) +
+                          " KiB; a length stream has one short JSON object per line",
+                      SourceLocation{path_, line_ + 1});
+    }
+    text.push_back(c);
+  }
+  return !text.empty();
+}
+
 std::optional<PackItem> LengthStreamReader::next() {
   std::string text;
-  while (std::getline(in_, text)) {
+  while (read_line(text)) {
     ++line_;
     if (is_blank(text)) continue;
     return parse_length_line(text, samples_++, path_, line_);

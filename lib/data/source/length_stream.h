@@ -1,8 +1,10 @@
 // Reader for benchmark length streams: JSON lines of
 //   {"tokens": T, "images": I, "crops": C, "supervised": S}
 // one sample per line; blank lines are skipped, other keys ignored. Every malformed line is a
-// DataError naming file:line and what is wrong. Used by bench_packer and by
-// `vlmtrain inspect-batches --lengths FILE`.
+// DataError naming file:line and what is wrong, and so are a line longer than
+// kMaxLengthLineBytes (a line is about 60 bytes; an endless stream without newlines, such as
+// /dev/zero, is no length stream) and JSON nested deeper than kMaxJsonDepth. Used by bench_packer
+// and by `vlmtrain inspect-batches --lengths FILE`.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,8 @@
 
 namespace vlm::data {
 
+inline constexpr size_t kMaxLengthLineBytes = 64 * 1024;
+
 class LengthStreamReader {
  public:
   // Throws DataError if the file cannot be opened.
@@ -28,6 +32,9 @@ class LengthStreamReader {
   const std::string& path() const { return path_; }
 
  private:
+  // Reads the next line into `text` (without its newline); false at the end of the file.
+  bool read_line(std::string& text);
+
   std::string path_;
   std::ifstream in_;
   int64_t line_ = 0;

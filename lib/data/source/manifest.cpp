@@ -24,6 +24,15 @@ std::string resolve(const std::string& image, const std::string& dir) {
   return (std::filesystem::path(dir) / image).string();
 }
 
+// The value of `key` in the object `j`, or null when it is absent. (A const json's operator[]
+// must not be asked for a missing key: nlohmann::json leaves that undefined, and it reads freed
+// memory.)
+const json& field(const json& j, const char* key) {
+  static const json kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
 // the_cauldron: "images": [paths] (optional), "texts": [{"user", "assistant"}, ...]
 ParsedLine parse_cauldron(const json& j, const std::string& dir, RawSample sample) {
   if (j.contains("images") && !j["images"].is_null()) {
@@ -33,7 +42,7 @@ ParsedLine parse_cauldron(const json& j, const std::string& dir, RawSample sampl
       sample.images.push_back(resolve(image.get<std::string>(), dir));
     }
   }
-  const auto& texts = j["texts"];
+  const json& texts = field(j, "texts");
   if (!texts.is_array() || texts.empty()) {
     return problem("bad_schema", "\"texts\" must be a non-empty list of {user, assistant}");
   }
@@ -63,7 +72,7 @@ ParsedLine parse_llava(const json& j, const std::string& dir, RawSample sample) 
       return problem("bad_schema", "\"image\" must be a path or a list of paths");
     }
   }
-  const auto& conversations = j["conversations"];
+  const json& conversations = field(j, "conversations");
   if (!conversations.is_array() || conversations.empty()) {
     return problem("bad_schema", "\"conversations\" must be a non-empty list");
   }

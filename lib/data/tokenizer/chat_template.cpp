@@ -1,5 +1,6 @@
 #include "data/tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -49,6 +50,11 @@ ChatTemplate::ChatTemplate(const Tokenizer& tokenizer, int64_t image_tokens_per_
     throw std::invalid_argument("image_tokens_per_crop must be at least 1, got " +
                                 std::to_string(image_tokens_per_crop));
   }
+  image_token_ids_ = {image_ids_.image, image_ids_.global_image};
+  for (const auto& row : image_ids_.tile) {
+    image_token_ids_.insert(image_token_ids_.end(), row.begin(), row.end());
+  }
+  std::sort(image_token_ids_.begin(), image_token_ids_.end());
 }
 
 // Appends one sample's tokens. Text is buffered until a special token comes, then encoded in
@@ -109,6 +115,13 @@ class ChatTemplate::Builder {
     const bool assistant = role_ == ChatRole::kAssistant;
     encoded_.clear();
     chat_.tokenizer_.encode_into(text_, encoded_);
+    for (const int32_t id : encoded_) {
+      if (std::binary_search(chat_.image_token_ids_.begin(), chat_.image_token_ids_.end(), id)) {
+        throw DataError("the text contains the image token \"" + chat_.tokenizer_.decode({id}) +
+                        "\", which only the chat template places (one per slot of an image's "
+                        "features); write <image> where the image goes");
+      }
+    }
     for (std::size_t i = 0; i < encoded_.size(); ++i) {
       push(encoded_[i], assistant && i >= header_tokens_);
     }

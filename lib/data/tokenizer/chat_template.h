@@ -49,8 +49,10 @@ class ChatTemplate {
   ChatTemplate(const Tokenizer& tokenizer, int64_t image_tokens_per_crop);
 
   // Throws vlm::DataError when the number of <image> markers is neither 0 nor images.size(),
-  // when a marker is in an assistant turn, when there are images but no user turn, or when a
-  // grid side is outside 1..8.
+  // when a marker is in an assistant turn, when there are images but no user turn, when a
+  // grid side is outside 1..8, or when a turn's text itself encodes to one of the 66 image
+  // tokens (e.g. a literal "<|image|>"): only the template places them, and the model fills
+  // every <|image|> slot with a crop's features, so a stray one would break that count.
   TokenizedSample apply(const std::vector<ChatTurn>& turns,
                         const std::vector<ImageGrid>& images) const;
 
@@ -65,8 +67,9 @@ class ChatTemplate {
   int32_t im_end_id_;
   ImageTokenIds image_ids_;
   std::vector<int32_t> newline_ids_;
-  std::size_t user_header_tokens_;       // tokens of "user\n" encoded alone
-  std::size_t assistant_header_tokens_;  // tokens of "assistant\n" encoded alone
+  std::vector<int32_t> image_token_ids_;  // all 66, sorted
+  std::size_t user_header_tokens_;        // tokens of "user\n" encoded alone
+  std::size_t assistant_header_tokens_;   // tokens of "assistant\n" encoded alone
 };
 
 }  // namespace vlm::data

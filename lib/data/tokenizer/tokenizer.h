@@ -18,6 +18,11 @@
 
 namespace vlm::data {
 
+// A tokenizer.json whose largest id exceeds its token count (vocab + added tokens) by this
+// many or more is refused: ids are dense in real files, and every id up to the largest costs
+// a decoder table entry.
+inline constexpr int64_t kMaxUnusedTokenIds = 65536;
+
 class BpeModel;
 class PreTokenizer;
 

@@ -1,5 +1,6 @@
 // Tokenizer::from_file: reads a Hugging Face tokenizer.json (format of tokenizers >= 0.13,
 // including the [a, b] merge form of 0.20+) and checks every component is one we implement.
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -37,7 +38,7 @@ json read_json(const std::string& path) {
   }
   try {
     return json::parse(content);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range: a number past double
     fail(path, std::string("not valid JSON: ") + error.what());
   }
 }
@@ -283,6 +284,17 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
       merges.push_back(parse_merge(path, merges_json[rank], rank));
     }
     const auto added_tokens = parse_added_tokens(path, root);
+    // The decoder table has one entry per id up to the largest, so ids must be about dense:
+    // a 70-byte file naming id 2^30 - 1 would otherwise allocate 32 GiB.
+    int64_t max_id = -1;
+    for (const auto& entry : vocab) max_id = std::max<int64_t>(max_id, entry.second);
+    for (const AddedToken& token : added_tokens) max_id = std::max<int64_t>(max_id, token.id);
+    const int64_t tokens = static_cast<int64_t>(vocab.size() + added_tokens.size());
+    if (max_id >= tokens + kMaxUnusedTokenIds) {
+      fail(path, "token id " + std::to_string(max_id) + " leaves more than " +
+                     std::to_string(kMaxUnusedTokenIds) + " ids unused (the file has " +
+                     std::to_string(tokens) + " tokens); a tokenizer's ids are dense");
+    }
 
     Tokenizer tokenizer;
     for (const auto& [token, id] : vocab)

@@ -321,7 +321,7 @@ void project(Timeline& t, const Vit& v, const Chunk& c) {
 // ViT (fp32 storage) builds no graph: its casts and intermediates die as they go.
 void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   const int64_t rows = c.n * v.P, patches = e * rows * v.patch_values;
-  const int64_t images = h * c.n * v.I * v.D, kernel = h * v.d * v.patch_values;
+  const int64_t kernel = h * v.d * v.patch_values;
   if (v.vision_bf16_storage) {
     // Its bf16 output converted to the projector's fp32, which then runs as below.
     frozen_bf16_vit_forward(t, v, c);

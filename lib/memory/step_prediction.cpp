@@ -41,6 +41,7 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
     }
     const int64_t base = live + batch_tensor_bytes(spec, shape);
     const std::string micro = "micro-step " + std::to_string(k + 1);
+    p.forward_peak = std::max(p.forward_peak, base + phases.forward);
     if (base + phases.forward > p.peak_bytes) {
       p.peak_bytes = base + phases.forward;
       p.peak_phase = micro + " forward";
@@ -49,6 +50,7 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
     // (4 B) where step_peaks holds the forward's supervised count (8 B), which the trainer has
     // dropped with the forward's output.
     const int64_t backward = base + phases.backward - 4;
+    p.backward_peak = std::max(p.backward_peak, backward);
     if (backward > p.peak_bytes) {
       p.peak_bytes = backward;
       p.peak_phase = micro + " backward";
@@ -58,6 +60,7 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
   }
   const int64_t optimizer =
       live + optimizer_step_peak(spec, micro_batches.back(), /*first_step=*/false, before.moments);
+  p.optimizer_peak = optimizer;
   if (optimizer > p.peak_bytes) {
     p.peak_bytes = optimizer;
     p.peak_phase = "optimizer";

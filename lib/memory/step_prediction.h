@@ -27,6 +27,10 @@ struct StepPrediction {
   int64_t static_bytes = 0;  // live before the step: parameters, buffers, gradients, moments
   int64_t peak_bytes = 0;    // the highest live bytes during the step, static included
   std::string peak_phase;    // where: "micro-step 2 backward", "optimizer", ...
+  // The highest live bytes in each phase, over the step's micro-steps (static included).
+  int64_t forward_peak = 0;
+  int64_t backward_peak = 0;
+  int64_t optimizer_peak = 0;
 };
 
 // `micro_batches` in the order they run. Batch tensors are allocated per micro-step

@@ -1,56 +1,142 @@
 #include "data/packing/worst_case.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "spec/image_tokens.h"
 
 namespace vlm::data {
 
+std::string crop_limit_key(CropLimit limit) {
+  switch (limit) {
+    case CropLimit::kTokens: return "packing.max_seq_len";
+    case CropLimit::kImagesPerPack: return "packing.max_images_per_knapsack";
+    case CropLimit::kCropsPerPack: return "packing.max_crops_per_pack";
+    case CropLimit::kCropsPerMicroBatch: return "train.max_crops_per_micro_batch";
+  }
+  return "";
+}
+
+namespace {
+
+struct Shape {
+  GridShape grid;
+  int64_t tokens, crops;
+};
+
+// The most crops k images can bring into at most T tokens, for every k up to K: best[k][t] is
+// the most crops with exactly k images in at most t tokens (an unbounded knapsack per image
+// count), and choice[k][t] the shape of the k-th image of that optimum, so the row can be
+// spelled out. Sizes are small: images <= T / (cheapest image's tokens), tokens <= max_seq_len.
+class RowKnapsack {
+ public:
+  RowKnapsack(const std::vector<Shape>& shapes, int64_t K, int64_t T)
+      : shapes_(shapes), T_(T), best_(static_cast<size_t>(K + 1), std::vector<int64_t>(T + 1, -1)),
+        choice_(static_cast<size_t>(K + 1), std::vector<uint8_t>(T + 1, 0)) {
+    std::fill(best_[0].begin(), best_[0].end(), 0);
+    for (int64_t k = 1; k <= K; ++k) {
+      for (int64_t t = 0; t <= T; ++t) {
+        for (size_t s = 0; s < shapes_.size(); ++s) {
+          const Shape& shape = shapes_[s];
+          if (shape.tokens > t) continue;
+          const int64_t before = best_[k - 1][t - shape.tokens];
+          if (before >= 0 && before + shape.crops > best_[k][t]) {
+            best_[k][t] = before + shape.crops;
+            choice_[k][t] = static_cast<uint8_t>(s);
+          }
+        }
+      }
+    }
+  }
+  int64_t images() const { return static_cast<int64_t>(best_.size()) - 1; }
+  int64_t crops(int64_t k) const { return best_[k][T_]; }  // -1: k images never fit
+  std::vector<Shape> row(int64_t k) const {
+    std::vector<Shape> out;
+    for (int64_t t = T_; k > 0; --k) {
+      const Shape& s = shapes_[choice_[k][t]];
+      out.push_back(s);
+      t -= s.tokens;
+    }
+    std::sort(out.begin(), out.end(), [](const Shape& a, const Shape& b) {
+      return a.crops != b.crops ? a.crops > b.crops : a.grid.rows > b.grid.rows;
+    });
+    return out;
+  }
+
+ private:
+  const std::vector<Shape>& shapes_;
+  int64_t T_;
+  std::vector<std::vector<int64_t>> best_;
+  std::vector<std::vector<uint8_t>> choice_;
+};
+
+}  // namespace
+
 WorstCase worst_case(const WorstCaseInputs& in) {
   // Every grid an image can get: with resize_to_max the long side is always max_img_size.
-  const int64_t max_side = in.grid.max_img_size / in.grid.crop_size;
-  struct Shape {
-    int64_t tokens, crops;
-  };
+  const int64_t max_side = std::max<int64_t>(1, in.grid.max_img_size / in.grid.crop_size);
   std::vector<Shape> shapes;
   WorstCase w;
   for (int64_t rows = 1; rows <= max_side; ++rows) {
     for (int64_t cols = 1; cols <= max_side; ++cols) {
       if (in.grid.resize_to_max && std::max(rows, cols) != max_side) continue;
       const int64_t crops = spec::image_crops(rows, cols);
-      shapes.push_back({spec::image_lm_tokens(rows, cols, in.image_tokens_per_crop), crops});
-      w.max_crops_per_image = std::max(w.max_crops_per_image, crops);
+      const int64_t tokens = spec::image_lm_tokens(rows, cols, in.image_tokens_per_crop);
+      shapes.push_back({{rows, cols}, tokens, crops});
+      if (crops > w.max_crops_per_image) {
+        w.max_crops_per_image = crops;
+        w.largest_grid = {rows, cols};
+      }
+      if (w.min_image_tokens == 0 || tokens < w.min_image_tokens) w.min_image_tokens = tokens;
     }
   }
   w.naive_crops = in.batch_size * in.max_images_per_pack * w.max_crops_per_image;
-
-  // best[k][t]: most crops with exactly k images in at most t tokens (unbounded knapsack per
-  // image count). Sizes are small: images <= a few dozen, tokens <= max_seq_len.
-  const int64_t K = in.max_images_per_pack;
   const int64_t T = in.max_seq_len;
-  std::vector<std::vector<int64_t>> best(K + 1, std::vector<int64_t>(T + 1, -1));
-  std::fill(best[0].begin(), best[0].end(), 0);
-  for (int64_t k = 1; k <= K; ++k) {
-    for (int64_t t = 0; t <= T; ++t) {
-      for (const Shape& s : shapes) {
-        if (s.tokens <= t && best[k - 1][t - s.tokens] >= 0) {
-          best[k][t] = std::max(best[k][t], best[k - 1][t - s.tokens] + s.crops);
-        }
-      }
-    }
-  }
-  for (int64_t k = 0; k <= K; ++k) {
-    int64_t crops = best[k][T];
-    if (in.max_crops_per_pack > 0) crops = std::min(crops, in.max_crops_per_pack);
-    if (crops > w.crops_per_pack) {
+  w.max_images_by_tokens = w.min_image_tokens > 0 ? T / w.min_image_tokens : 0;
+
+  // Images beyond what the tokens allow never fit, so the knapsack stops there; one more
+  // image than the cap tells whether the cap binds.
+  const int64_t K = std::min(in.max_images_per_pack, w.max_images_by_tokens);
+  const RowKnapsack knapsack(shapes, std::min(K + 1, w.max_images_by_tokens), T);
+  int64_t uncapped = 0;  // the most crops of one row under the tokens alone
+  for (int64_t k = 0; k <= knapsack.images(); ++k) {
+    const int64_t crops = knapsack.crops(k);
+    if (k <= K && crops > w.crops_per_pack) {
       w.crops_per_pack = crops;
       w.images_in_that_pack = k;
     }
+    uncapped = std::max(uncapped, crops);
+  }
+  // The row spelled out: one grid repeated when that reaches the same crops (easier to read),
+  // else the knapsack's own mix.
+  std::vector<Shape> row = knapsack.row(w.images_in_that_pack);
+  for (const Shape& s : shapes) {
+    if (s.crops == 0 || w.crops_per_pack % s.crops != 0) continue;
+    const int64_t k = w.crops_per_pack / s.crops;
+    if (k >= 1 && k <= K && k * s.tokens <= T) {
+      row.assign(static_cast<size_t>(k), s);
+      w.images_in_that_pack = k;
+      break;
+    }
+  }
+  for (const Shape& s : row) {
+    w.grids_in_that_pack.push_back(s.grid);
+    w.image_tokens_in_that_pack += s.tokens;
+  }
+  w.binding = uncapped > w.crops_per_pack ? CropLimit::kImagesPerPack : CropLimit::kTokens;
+  if (in.max_crops_per_pack > 0 && in.max_crops_per_pack < w.crops_per_pack) {
+    w.crops_per_pack = in.max_crops_per_pack;
+    // The pack cap may be the micro-batch cap itself (a pack never holds more crops than a
+    // micro-batch may: data_setup.cpp).
+    const bool from_micro_batch_cap = in.max_crops_per_micro_batch > 0 &&
+                                      in.max_crops_per_pack >= in.max_crops_per_micro_batch;
+    w.binding = from_micro_batch_cap ? CropLimit::kCropsPerMicroBatch : CropLimit::kCropsPerPack;
   }
   w.crops_per_micro_batch = in.batch_size * w.crops_per_pack;
-  if (in.max_crops_per_micro_batch > 0) {
-    w.crops_per_micro_batch = std::min(w.crops_per_micro_batch, in.max_crops_per_micro_batch);
+  if (in.max_crops_per_micro_batch > 0 && in.max_crops_per_micro_batch < w.crops_per_micro_batch) {
+    w.crops_per_micro_batch = in.max_crops_per_micro_batch;
+    w.binding = CropLimit::kCropsPerMicroBatch;
   }
   return w;
 }

@@ -1,0 +1,158 @@
+#include "estimate/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "data/data_setup.h"
+#include "estimate/shapes.h"
+#include "memory/calibration.h"
+#include "memory/step_peaks.h"
+
+namespace vlm::estimate {
+
+memory::MemorySpec run_spec(const Config& config, bool cuda) {
+  memory::MemorySpec spec = memory::memory_spec(config);
+  if (cuda) spec.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
+  return spec;
+}
+
+StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& shape,
+                   int64_t micro_steps, bool preflight) {
+  const std::vector<memory::BatchShape> step(static_cast<size_t>(std::min<int64_t>(micro_steps, 2)),
+                                             shape);
+  std::vector<memory::StepState> states = {{true, false}, {true, true}};
+  if (!preflight) states.insert(states.begin(), memory::StepState{false, false});
+  StepPeak best;
+  for (const memory::StepState state : states) {
+    const memory::StepPrediction p = memory::predict_step(spec, step, state);
+    if (!p.modelled) {
+      // A first step without gradients is outside the model when its batch is text-only
+      // (the image path's gradients come later); the later states still bound the step.
+      if (!state.gradients && shape.crops == 0) continue;
+      return {p, state};
+    }
+    if (!best.tensors.modelled || p.peak_bytes > best.tensors.peak_bytes) best = {p, state};
+  }
+  return best;
+}
+
+WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda) {
+  WorstCaseEstimate e;
+  e.spec = run_spec(config, cuda);
+  e.statics = memory::static_memory(e.spec);
+  e.worst = data::worst_case(data::worst_case_inputs(config));
+  const std::vector<memory::BatchShape> shapes = worst_case_shapes(config, e.worst);
+  e.candidates = static_cast<int64_t>(shapes.size());
+  const int64_t micro_steps = config.train.gradient_accumulation_steps;
+  for (const memory::BatchShape& shape : shapes) {
+    const StepPeak step = step_peak(e.spec, shape, micro_steps, config.train.preflight);
+    if (!step.tensors.modelled) {
+      e.modelled = false;
+      e.why_not = step.tensors.why_not;
+      e.shape = shape;
+      return e;
+    }
+    if (!e.step.tensors.modelled || step.tensors.peak_bytes > e.step.tensors.peak_bytes) {
+      e.step = step;
+      e.shape = shape;
+    }
+  }
+  e.modelled = true;
+  e.saved = memory::saved_activations(e.spec, e.shape);
+  e.batch_tensor_bytes = memory::batch_tensor_bytes(e.spec, e.shape);
+  const std::vector<memory::BatchShape> step(static_cast<size_t>(std::min<int64_t>(micro_steps, 2)),
+                                             e.shape);
+  const memory::StepPrediction later = memory::predict_step(e.spec, step, {true, true});
+  const memory::StepPrediction first = memory::predict_step(e.spec, step, {true, false});
+  e.phases.forward = later.forward_peak;
+  e.phases.backward = later.backward_peak;
+  e.phases.optimizer = later.optimizer_peak;
+  e.phases.optimizer_first_step = first.optimizer_peak;
+  return e;
+}
+
+std::string unmodelled_torch(const memory::TorchVersion& torch) {
+  if (!torch.at_least(2, 0)) return "";
+  return "LibTorch " + torch.str() +
+         "'s attention (scaled_dot_product_attention) is not replayed yet: the memory model "
+         "follows LibTorch 1.13's operators";
+}
+
+int64_t Target::budget_bytes() const {
+  return static_cast<int64_t>(std::floor(static_cast<double>(memory_bytes) * (1.0 - safety_margin)));
+}
+
+TargetCalibration calibration_for(const CalibrationFile* file, const std::string& path,
+                                  const memory::DeviceTarget& device) {
+  TargetCalibration c;
+  c.file = path;
+  if (file) {
+    if (const CalibrationEntry* entry = file->find(device.device_key(), device.torch.str())) {
+      c.entry = *entry;
+    }
+  }
+  const CalibrationEntry* entry = c.entry ? &*c.entry : nullptr;
+  c.corrections = memory::corrections_of(entry);
+  c.uncalibrated = memory::uncalibrated_terms(entry, device.cuda);
+  return c;
+}
+
+Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step, const Target& target,
+                const memory::DeviceCorrections& corrections) {
+  Verdict v;
+  v.device = memory::device_breakdown(spec, step.state, step.tensors.peak_bytes,
+                                      step.tensors.static_bytes, target.device, corrections);
+  v.peak_bytes = target.device.cuda ? v.device.device : step.tensors.peak_bytes;
+  v.budget_bytes = target.budget_bytes();
+  v.headroom_bytes = v.budget_bytes - v.peak_bytes;
+  v.fits = v.headroom_bytes >= 0;
+  return v;
+}
+
+Distribution distribution(std::vector<int64_t> values) {
+  Distribution d;
+  d.count = static_cast<int64_t>(values.size());
+  if (values.empty()) return d;
+  std::sort(values.begin(), values.end());
+  // Nearest rank: the smallest value with at least q of the values at or below it.
+  const auto rank = [&](double q) {
+    const auto k = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size())));
+    return values[std::max<size_t>(k, 1) - 1];
+  };
+  d.p50 = rank(0.50);
+  d.p99 = rank(0.99);
+  d.max = values.back();
+  double sum = 0;
+  for (const int64_t v : values) sum += static_cast<double>(v);
+  d.mean = sum / static_cast<double>(values.size());
+  return d;
+}
+
+TypicalEstimate estimate_typical(const memory::MemorySpec& spec, data::PlanningPipeline& pipeline,
+                                 int64_t max_steps) {
+  TypicalEstimate t;
+  while (max_steps == 0 || t.steps < max_steps) {
+    std::optional<data::PlannedStep> planned = pipeline.next_step();
+    if (!planned) break;
+    ++t.steps;
+    for (const auto& rank : planned->plan.micro_batches) {
+      for (const data::MicroBatch& micro : rank) {
+        if (micro.packs.empty()) continue;
+        ++t.micro_batches;
+        const memory::BatchShape shape = batch_shape(micro.packs);
+        const memory::StepPrediction p = memory::predict_step(spec, {shape}, {true, true});
+        if (!p.modelled) {
+          ++t.unmodelled;
+          if (t.why_not.empty()) t.why_not = p.why_not;
+          continue;
+        }
+        t.tensor_peaks.push_back(p.peak_bytes);
+        t.shapes.push_back(shape);
+      }
+    }
+    pipeline.release(planned->plan);
+  }
+  return t;
+}
+
+}  // namespace vlm::estimate

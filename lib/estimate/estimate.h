@@ -1,0 +1,128 @@
+// What a config's training step will hold in memory, before anything runs: the memory model
+// (lib/memory) applied to the heaviest micro-batch the config's limits allow and, when data is
+// given, to the micro-batches the planner really forms; then set against a device's memory.
+// Torch-free and metadata-only: what `vlmtrain estimate-memory` reports (docs/estimate-memory.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/memory_calibration_file.h"
+#include "data/packing/planning_pipeline.h"
+#include "data/packing/worst_case.h"
+#include "memory/batch_shape.h"
+#include "memory/device_terms.h"
+#include "memory/memory_spec.h"
+#include "memory/saved_activations.h"
+#include "memory/static_memory.h"
+#include "memory/step_prediction.h"
+
+namespace vlm::estimate {
+
+// The memory spec of `config` for a run on a CUDA device (no CPU-only terms) or on this CPU
+// (train.threads; 0 there means every core of this machine).
+memory::MemorySpec run_spec(const Config& config, bool cuda);
+
+// A step made of `micro_steps` micro-batches of one shape, at the heaviest of the states a run
+// goes through: its first step (the preflight's gradients, AdamW's moments created) and every
+// later one (both live); and without a preflight, a first step that creates the gradients.
+// Micro-batches after the second hold what the second holds (the gradients exist and are added
+// in place), so at most two are replayed.
+struct StepPeak {
+  memory::StepPrediction tensors;  // the highest over the states; modelled/why_not
+  memory::StepState state;         // the state that gives it
+};
+StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& shape,
+                   int64_t micro_steps, bool preflight);
+
+// Absolute tensor bytes at each phase's peak, in a later step (gradients and moments live)
+// except `optimizer_first_step`, where AdamW creates its moments.
+struct Phases {
+  int64_t forward = 0;
+  int64_t backward = 0;
+  int64_t optimizer_first_step = 0;
+  int64_t optimizer = 0;
+};
+
+struct WorstCaseEstimate {
+  bool modelled = false;
+  std::string why_not;  // the memory model's first unmodelled feature
+  memory::MemorySpec spec;
+  memory::StaticMemory statics;
+  data::WorstCase worst;     // the data layer's analysis: crops, images, the binding limit
+  memory::BatchShape shape;  // the heaviest candidate micro-batch (shapes.h)
+  int64_t candidates = 0;
+  StepPeak step;             // its step: the worst-case peak in tensor bytes
+  memory::SavedActivations saved;
+  int64_t batch_tensor_bytes = 0;
+  Phases phases;
+};
+
+WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda);
+
+// The memory model replays LibTorch 1.13's operators. From 2.0 on, attention runs through
+// scaled_dot_product_attention (runtime/compat.h), whose kernels save and allocate other
+// tensors (no score matrix for the fused ones), so a prediction for 2.x would be 1.13's: the
+// reason it is not modelled, or "" for a version the model covers.
+std::string unmodelled_torch(const memory::TorchVersion& torch);
+
+// Where the step must fit: a device's memory less memory.safety_margin.
+struct Target {
+  std::string label;  // "H100-80GB", "--budget 12GiB", ...
+  memory::DeviceTarget device;
+  int64_t memory_bytes = 0;
+  double safety_margin = 0.0;
+  int64_t budget_bytes() const;  // memory_bytes * (1 - safety_margin)
+};
+
+// The corrections memory.calibration holds for a target's device and LibTorch.
+struct TargetCalibration {
+  std::string file;  // memory.calibration; "" when none is configured
+  std::optional<CalibrationEntry> entry;
+  memory::DeviceCorrections corrections;
+  std::vector<std::string> uncalibrated;  // the terms the prediction uses without a fit
+};
+// `file` is null when memory.calibration is empty.
+TargetCalibration calibration_for(const CalibrationFile* file, const std::string& path,
+                                  const memory::DeviceTarget& device);
+
+// A tensor peak set against a target: the device's layers over it (memory/device_terms.h;
+// on the CPU every term is 0), and the verdict.
+struct Verdict {
+  memory::DeviceBreakdown device;
+  int64_t peak_bytes = 0;  // what must fit: device bytes on CUDA, tensor bytes on the CPU
+  int64_t budget_bytes = 0;
+  bool fits = false;
+  int64_t headroom_bytes = 0;  // budget - peak (negative: missing)
+};
+Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step, const Target& target,
+                const memory::DeviceCorrections& corrections);
+
+// Peaks over the micro-batches the planner forms from real data (p50, p99, max, mean).
+struct Distribution {
+  int64_t count = 0;
+  int64_t p50 = 0, p99 = 0, max = 0;
+  double mean = 0.0;
+};
+Distribution distribution(std::vector<int64_t> values);
+
+struct TypicalEstimate {
+  int64_t steps = 0;
+  int64_t micro_batches = 0;
+  int64_t unmodelled = 0;  // micro-batches the memory model does not cover (why_not)
+  std::string why_not;
+  // Per micro-batch: the tensor peak of a later step (gradients and moments live) whose
+  // heaviest micro-batch it is.
+  std::vector<int64_t> tensor_peaks;
+  std::vector<memory::BatchShape> shapes;  // the planned micro-batches, every rank's
+  Distribution tensors() const { return distribution(tensor_peaks); }
+};
+// Plans up to `max_steps` steps (0: until the source ends) with `pipeline` and predicts every
+// micro-batch of every rank.
+TypicalEstimate estimate_typical(const memory::MemorySpec& spec, data::PlanningPipeline& pipeline,
+                                 int64_t max_steps);
+
+}  // namespace vlm::estimate

@@ -1,0 +1,32 @@
+// Micro-batch shapes for the memory model (memory::BatchShape), from the data layer's plans and
+// limits alone: a planned micro-batch as the collator will lay it out, and the heaviest
+// micro-batches a config allows. Metadata only: no token, no pixel.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.h"
+#include "data/packing/pack_item.h"
+#include "data/packing/worst_case.h"
+#include "memory/batch_shape.h"
+
+namespace vlm::estimate {
+
+// The collator's layout (data/batch/host_batch.cpp): one row per pack, every row padded to the
+// longest pack rounded up to 8 tokens; a row's segments are its samples in pack order, then its
+// padding when there is any. Equal to train::batch_shape of the collated batch.
+memory::BatchShape batch_shape(const std::vector<data::Pack>& packs);
+
+// The candidates for the heaviest micro-batch of `config`: batch_size rows of max_seq_len
+// tokens, each row one sample (one attention segment: the largest sum of squared lengths), with
+// c crops for c from 0 to the worst case's crops_per_micro_batch, and every token that is not
+// an image's supervised. Crops and supervised tokens trade against each other through the
+// rows' tokens (an image's crops cost image_tokens_per_crop tokens each, and image tokens carry
+// no label), and the memory model's peak grows with both, so the worst micro-batch is one of
+// these; its prediction bounds every micro-batch the config can form. Up to 65 candidates,
+// evenly spaced, both ends included.
+std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
+                                                  const data::WorstCase& worst);
+
+}  // namespace vlm::estimate

@@ -28,36 +28,16 @@ constexpr const char* kStepPrefix = "step-";
 constexpr const char* kTmpInfix = ".tmp-";
 
 [[noreturn]] void throw_io(const std::string& what, const fs::path& path, int err) {
-  throw Error(ExitCode::kTrainingFailed, "checkpoint: cannot " + what + " " + path.string() + ": " +
-                                             std::strerror(err) +
-                                             " (check free space and permissions of the "
-                                             "output directory)");
+  throw Error(ExitCode::kSaveFailed, "checkpoint: cannot " + what + " " + path.string() + ": " +
+                                         std::strerror(err) +
+                                         " (check free space and permissions of the "
+                                         "output directory)");
 }
 
 // Runs fsync on a file or directory so its data (or its entries) survive a power loss.
 void fsync_path(const fs::path& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
   if (fd < 0) throw_io("open", path, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw_io("fsync", path, err);
-}
-
-void write_file_synced(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw_io("create", path, errno);
-  size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw_io("write", path, err);
-    }
-    written += static_cast<size_t>(n);
-  }
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
@@ -241,6 +221,26 @@ uint32_t file_crc32(const fs::path& file) {
   std::fclose(in);
   if (failed) throw_io("read", file, EIO);
   return crc;
+}
+
+void write_file_synced(const fs::path& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io("create", path, errno);
+  const auto fail = [&](const char* what, int err) {
+    ::close(fd);
+    throw_io(what, path, err);
+  };
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("write", errno);
+    if (n == 0) fail("write", EIO);  // no progress and no errno: never loop on it
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("fsync", errno);
+  // Network and quota-checked file systems may report a failed write only at close.
+  if (::close(fd) != 0) throw_io("close", path, errno);
 }
 
 CheckpointWriter::CheckpointWriter(fs::path checkpoints_dir, std::string config_hash)

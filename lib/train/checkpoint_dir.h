@@ -60,13 +60,18 @@ std::string checkpoint_dir_name(int64_t step);
 // CRC-32 (zlib's) of a whole file, read in 1 MiB chunks. Throws vlm::Error if it cannot be read.
 uint32_t file_crc32(const std::filesystem::path& file);
 
+// Writes `bytes` to `path` (created or truncated) with every write(2) checked, then fsyncs it:
+// a short write on a full disk is an error, never a file committed as complete. Throws
+// vlm::Error (kSaveFailed) naming the path and the errno text.
+void write_file_synced(const std::filesystem::path& path, const std::string& bytes);
+
 // Writes one checkpoint by the protocol above. Usage:
 //   CheckpointWriter writer(checkpoints_dir(out), config_hash);
 //   auto dir = writer.begin(step);
 //   save_model(dir / "model.safetensors");  writer.add_file("model.safetensors");
 //   writer.commit();   // -> checkpoints/step-XXXXXXXX
 // Not committed (an exception in between) -> the destructor removes the tmp directory.
-// I/O failures throw vlm::Error (exit code kTrainingFailed) naming the path and errno text.
+// I/O failures throw vlm::Error (exit code kSaveFailed) naming the path and errno text.
 class CheckpointWriter {
  public:
   CheckpointWriter(std::filesystem::path checkpoints_dir, std::string config_hash);

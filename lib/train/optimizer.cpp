@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
+#include "train/checkpoint_dir.h"
 
 namespace vlm::train {
 namespace {
@@ -140,15 +142,20 @@ std::string GroupedAdamW::layout_signature() const {
 }
 
 void GroupedAdamW::save(const std::filesystem::path& file) const {
+  // Serialised into memory first: LibTorch's archive writer finishes the zip file in its
+  // destructor, and a disk error there (disk full) can throw during unwinding and terminate
+  // the process. The bytes are then written with checked writes and fsync.
+  std::ostringstream bytes;
   try {
     torch::serialize::OutputArchive archive;
     optimizer_->save(archive);
     archive.write(kLayoutKey, c10::IValue(layout_signature()));
-    archive.save_to(file.string());
+    archive.save_to(bytes);
   } catch (const c10::Error& e) {
-    throw Error(ExitCode::kTrainingFailed, "cannot save the optimizer state to " + file.string() +
-                                               ": " + e.what_without_backtrace());
+    throw Error(ExitCode::kSaveFailed, "cannot serialise the optimizer state for " + file.string() +
+                                           ": " + e.what_without_backtrace());
   }
+  write_file_synced(file, bytes.str());
 }
 
 void GroupedAdamW::load(const std::filesystem::path& file) {

@@ -86,8 +86,10 @@ class GroupedAdamW {
   void zero_grad();
   void step();
 
-  // Optimizer state (AdamW moments, step counts, group options) for exact resume, written
-  // through torch::serialize::OutputArchive, plus the group layout, which load() checks.
+  // Optimizer state (AdamW moments, step counts, group options) for exact resume, serialised
+  // through torch::serialize::OutputArchive into memory, plus the group layout, which load()
+  // checks; then written with every write checked and fsynced (checkpoint_dir.h). Throws
+  // vlm::Error (kSaveFailed) naming the file and the errno text when it cannot be written.
   void save(const std::filesystem::path& file) const;
   // Throws vlm::Error (kTrainingFailed) when the file is unreadable or was saved for another
   // group layout (different modules, decay split or parameter names).

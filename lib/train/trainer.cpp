@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 
@@ -162,11 +163,24 @@ TrainerState Trainer::trainer_state() const {
   return s;
 }
 
+// Rank 0 writes; every rank learns whether it could, so that a failed save (exit code
+// kSaveFailed) stops all of them instead of leaving the others waiting in a barrier.
 void Trainer::save_checkpoint() {
   progress_->end_line();
-  if (comm_->rank() == 0)
-    save_training_checkpoint(run_dir_, trainer_state(), checkpoint_contents());
-  comm_->barrier();
+  std::exception_ptr failure;
+  if (comm_->rank() == 0) {
+    try {
+      save_training_checkpoint(run_dir_, trainer_state(), checkpoint_contents());
+    } catch (const std::exception&) {
+      failure = std::current_exception();
+    }
+  }
+  const bool failed = comm_->any_rank_flagged(failure != nullptr);
+  if (failure) std::rethrow_exception(failure);
+  if (failed) {
+    throw Error(ExitCode::kSaveFailed, "rank 0 could not write the checkpoint of step " +
+                                           std::to_string(state_.step) + " (its log says why)");
+  }
 }
 
 void Trainer::resume_if_possible() {

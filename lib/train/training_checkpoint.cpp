@@ -35,23 +35,33 @@ void save_training_checkpoint(const fs::path& run_dir, TrainerState state,
   const fs::path dir = checkpoints_dir(run_dir);
   const int64_t step = state.run.step;
   CheckpointWriter writer(dir, state.config_hash);
-  const fs::path tmp = writer.begin(step);
-
-  model::TensorMap tensors;
-  for (const auto& item : c.model->named_parameters()) {
-    tensors[item.key()] = item.value().detach().to(torch::kCPU);
+  try {
+    const fs::path tmp = writer.begin(step);
+    model::TensorMap tensors;
+    for (const auto& item : c.model->named_parameters()) {
+      tensors[item.key()] = item.value().detach().to(torch::kCPU);
+    }
+    model::save_nanovlm_weights((tmp / "model.safetensors").string(), tensors, c.config.model.dims,
+                                {{"vlmtrain_step", std::to_string(step)}});
+    writer.add_file("model.safetensors");
+    c.optimizer.save(tmp / "optimizer.pt");
+    writer.add_file("optimizer.pt");
+    state.cpu_rng_state = cpu_rng_bytes();
+    const std::string state_text = to_json(state).dump(1) + "\n";
+    write_file_synced(tmp / "trainer_state.json", state_text);
+    writer.add_file("trainer_state.json");
+    write_file_synced(tmp / "config.yaml", to_yaml(c.config, true));
+    writer.add_file("config.yaml");
+    writer.commit();
+  } catch (const std::exception& e) {
+    // Whatever failed (a write, an fsync, the rename, LibTorch's serialiser, memory), the
+    // partial directory goes and the complete checkpoints before it stay untouched.
+    writer.abort();
+    throw Error(ExitCode::kSaveFailed,
+                "checkpoint of step " + std::to_string(step) + " not saved: " + e.what() +
+                    "; the partial checkpoint was removed, the complete ones under " +
+                    dir.string() + " are kept");
   }
-  model::save_nanovlm_weights((tmp / "model.safetensors").string(), tensors, c.config.model.dims,
-                              {{"vlmtrain_step", std::to_string(step)}});
-  writer.add_file("model.safetensors");
-  c.optimizer.save(tmp / "optimizer.pt");
-  writer.add_file("optimizer.pt");
-  state.cpu_rng_state = cpu_rng_bytes();
-  std::ofstream(tmp / "trainer_state.json") << to_json(state).dump(1) << "\n";
-  writer.add_file("trainer_state.json");
-  std::ofstream(tmp / "config.yaml") << to_yaml(c.config, true);
-  writer.add_file("config.yaml");
-  writer.commit();
   // Sizes only: a full CRC pass over every kept checkpoint at each save would re-read
   // gigabytes; resume still verifies the one it loads in full.
   prune_checkpoints(dir, c.config.output.keep_checkpoints, CheckpointVerify::kSizes);

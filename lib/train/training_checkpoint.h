@@ -27,7 +27,10 @@ struct CheckpointContents {
 };
 
 // Writes checkpoints/step-<state.run.step> under `run_dir` (call on rank 0 only), with the CPU
-// generator's state taken now, then prunes to output.keep_checkpoints.
+// generator's state taken now, then prunes to output.keep_checkpoints. Every file is written
+// with checked writes and fsynced; any failure (disk full, I/O error) throws vlm::Error
+// (kSaveFailed) naming the file and the errno text, after the partial checkpoint directory was
+// removed: the checkpoints saved before stay as they were.
 void save_training_checkpoint(const std::filesystem::path& run_dir, TrainerState state,
                               const CheckpointContents& contents);
 

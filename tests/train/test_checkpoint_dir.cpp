@@ -1,6 +1,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -121,6 +123,23 @@ CATCH_TEST_CASE("damaged checkpoints are skipped and the previous one is chosen"
   CATCH_CHECK(steps_of(list_checkpoints(root)) == std::vector<int64_t>{1});
   CATCH_REQUIRE(newest_valid_checkpoint(root).has_value());
   CATCH_CHECK(newest_valid_checkpoint(root)->step == 1);
+}
+
+CATCH_TEST_CASE("a checkpoint file written to a full disk is a save failure naming it",
+                "[checkpoint]") {
+  // /dev/full fails every write with ENOSPC, as a full disk does.
+  try {
+    write_file_synced("/dev/full", std::string(100000, 'x'));
+    CATCH_FAIL("no error");
+  } catch (const vlm::Error& e) {
+    CATCH_CHECK(e.code() == vlm::ExitCode::kSaveFailed);
+    CATCH_CHECK_THAT(e.what(), Catch::Contains("checkpoint: cannot write /dev/full: ") &&
+                                   Catch::Contains(std::strerror(ENOSPC)));
+  }
+  TempDir out("ckpt-full");
+  const fs::path file = out / "state.json";
+  write_file_synced(file, "{}\n");
+  CATCH_CHECK(vlm::test::read_file(file) == "{}\n");
 }
 
 CATCH_TEST_CASE("pruning keeps the newest K and removes stale tmp directories", "[checkpoint]") {

@@ -1,7 +1,9 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 
@@ -217,4 +219,22 @@ CATCH_TEST_CASE("clip_grad_norm reports the global norm and clips only when aske
   CATCH_CHECK(std::isinf(clip_grad_norm(bad, 1.0)));
   CATCH_CHECK(bad[0].grad()[1].item<float>() == 1.0f);  // left for the skip, not NaN-ed
   CATCH_CHECK(clip_grad_norm({}, 1.0) == 0.0);
+}
+
+CATCH_TEST_CASE("optimizer state saved to a full disk is a save failure naming the file",
+                "[optimizer]") {
+  // /dev/full fails every write with ENOSPC, as a full disk does. The state is serialised in
+  // memory and written with checked writes: an error with the save-failed code, not a
+  // LibTorch exception escaping (or std::terminate from its writer's destructor).
+  const NamedParameters named = tiny_vlm_parameters();
+  GroupedAdamW adamw(named, three_lrs());
+  train_steps(adamw, 0, 1);
+  try {
+    adamw.save("/dev/full");
+    CATCH_FAIL("no error");
+  } catch (const vlm::Error& e) {
+    CATCH_CHECK(e.code() == vlm::ExitCode::kSaveFailed);
+    CATCH_CHECK_THAT(e.what(), Catch::Contains("cannot write /dev/full") &&
+                                   Catch::Contains(std::strerror(ENOSPC)));
+  }
 }

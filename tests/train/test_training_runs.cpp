@@ -2,6 +2,7 @@
 // the trainer promises (accumulation, data parallel, OOM recovery, exact resume) and its
 // behaviour under signals, corrupt checkpoints and NaN losses.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -392,6 +393,46 @@ CATCH_TEST_CASE("with every checkpoint refused the run stops, naming the newest 
   CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
   CATCH_CHECK(r.output.find("no usable checkpoint") != std::string::npos);
   CATCH_CHECK(r.output.find("\"step\" is out of range: -1") != std::string::npos);
+}
+
+CATCH_TEST_CASE("a file system that fills during a save stops the run with the save code") {
+  const std::string args = "--set output.checkpoint_every=3 --set train.max_steps=";
+  TempDir out;
+  require_ok(run_vlmtrain(run_args(out.path(), args + "3")));
+  const fs::path kept = out / "checkpoints/step-00000003";
+  const std::string marker = vlm::test::read_file(kept / vlm::train::kCheckpointMarker);
+  const auto weights_bytes = fs::file_size(kept / "model.safetensors");
+  // The resumed run saves step 6 into a file system that cannot hold the weights: RLIMIT_FSIZE
+  // (inherited by vlmtrain) with SIGXFSZ ignored makes the write fail with EFBIG, as a full
+  // disk fails it with ENOSPC. Everything else the run writes stays far below the limit.
+  vlm::test::CommandResult r;
+  {
+    rlimit previous{};
+    CATCH_REQUIRE(::getrlimit(RLIMIT_FSIZE, &previous) == 0);
+    rlimit limited = previous;
+    limited.rlim_cur = weights_bytes / 2;
+    const sighandler_t previous_handler = ::signal(SIGXFSZ, SIG_IGN);
+    CATCH_REQUIRE(::setrlimit(RLIMIT_FSIZE, &limited) == 0);
+    r = run_vlmtrain(run_args(out.path(), args + "6"));
+    ::setrlimit(RLIMIT_FSIZE, &previous);
+    ::signal(SIGXFSZ, previous_handler);
+  }
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kSaveFailed));
+  CATCH_CHECK(r.output.find("error: checkpoint of step 6 not saved: ") != std::string::npos);
+  CATCH_CHECK(r.output.find("model.safetensors.tmp: File too large") != std::string::npos);
+  // No partial checkpoint; step 3's is untouched, complete and the one resumed from.
+  for (const auto& entry : fs::directory_iterator(out / "checkpoints")) {
+    CATCH_CHECK(entry.path().filename().string().find(".tmp") == std::string::npos);
+  }
+  CATCH_CHECK(vlm::test::read_file(kept / vlm::train::kCheckpointMarker) == marker);
+  const auto listed = vlm::train::list_checkpoints(out / "checkpoints");
+  CATCH_REQUIRE(listed.size() == 1);
+  CATCH_CHECK(listed[0].step == 3);
+  const auto resumed = run_vlmtrain(run_args(out.path(), args + "6"));
+  require_ok(resumed);
+  CATCH_CHECK(resumed.output.find("resumed from " + kept.string() + " (step 3)") !=
+              std::string::npos);
 }
 
 CATCH_TEST_CASE("non-finite losses skip steps, then fail the run with the training-failure code") {

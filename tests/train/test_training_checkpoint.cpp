@@ -1,0 +1,156 @@
+// save_training_checkpoint and resume_training_checkpoint in process, on the tiny model: a save
+// that a full file system stops (a real EFBIG from RLIMIT_FSIZE, not a simulated throw).
+#include <signal.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "core/config_io.h"
+#include "core/error.h"
+#include "support/test_support.h"
+#include "train/checkpoint_dir.h"
+#include "train/model_setup.h"
+#include "train/optimizer.h"
+#include "train/training_checkpoint.h"
+
+namespace fs = std::filesystem;
+using vlm::test::TempDir;
+using namespace vlm::train;
+
+namespace {
+
+// The tiny model and its optimizer, checkpointed under a temporary run
+// directory with a stand-in data cursor.
+struct Run {
+  TempDir out{"train-ckpt"};
+  vlm::Config config =
+      vlm::load_config("", {"model.preset=tiny", "output.keep_checkpoints=5"}).config;
+  vlm::model::VisionLanguageModel model = build_model(config.model, 1);
+  GroupedAdamW optimizer{named_parameters_of(*model), adam_options()};
+
+  static GroupedAdamWOptions adam_options() {
+    GroupedAdamWOptions adam;
+    adam.peak_lr = {{"vision", 1e-4}, {"projector", 1e-3}, {"language", 1e-4}};
+    return adam;
+  }
+  CheckpointContents contents() { return {model, optimizer, config}; }
+  TrainerState state(int64_t step) {
+    TrainerState s;
+    s.run.step = step;
+    s.config_hash = vlm::config_hash(config);
+    s.data_cursor = {{"position", step}};
+    return s;
+  }
+  void save(int64_t step) { save_training_checkpoint(out.path(), state(step), contents()); }
+  // The data cursor is accepted unless `refuse` says otherwise.
+  std::optional<TrainerState> resume(
+      const std::function<bool(const nlohmann::json&)>& refuse = nullptr) {
+    return resume_training_checkpoint(out.path(), 1, contents(), [&](const nlohmann::json& c) {
+      if (refuse && refuse(c)) throw vlm::DataError("cursor refused by the test");
+    });
+  }
+  fs::path checkpoint(int64_t step) const {
+    return checkpoints_dir(out.path()) / checkpoint_dir_name(step);
+  }
+};
+
+std::vector<int64_t> complete_steps(const fs::path& out) {
+  std::vector<int64_t> steps;
+  for (const auto& info : list_checkpoints(checkpoints_dir(out))) steps.push_back(info.step);
+  return steps;
+}
+
+bool has_tmp_dir(const fs::path& out) {
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir(out))) {
+    if (entry.path().filename().string().find(".tmp") != std::string::npos) return true;
+  }
+  return false;
+}
+
+// RLIMIT_FSIZE for this process while it lives, with SIGXFSZ ignored: a write past the limit
+// then fails with EFBIG, as a write to a full disk fails with ENOSPC.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    CATCH_REQUIRE(::getrlimit(RLIMIT_FSIZE, &previous_) == 0);
+    previous_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit limited = previous_;
+    limited.rlim_cur = bytes;
+    CATCH_REQUIRE(::setrlimit(RLIMIT_FSIZE, &limited) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &previous_);
+    ::signal(SIGXFSZ, previous_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit previous_{};
+  sighandler_t previous_handler_ = SIG_DFL;
+};
+
+}  // namespace
+
+CATCH_TEST_CASE("a save stopped by a full file system fails with the save code, keeping the last",
+                "[checkpoint]") {
+  Run run;
+  run.save(1);
+  const auto size = [&](const char* name) {
+    return static_cast<rlim_t>(fs::file_size(run.checkpoint(1) / name));
+  };
+  const rlim_t model_bytes = size("model.safetensors");
+  CATCH_REQUIRE(model_bytes > (rlim_t{256} << 10));
+
+  // Which file the limit stops: the weights (the largest file, written first), or the
+  // trainer state, made the largest by a big data cursor while every other file fits.
+  std::string file;
+  rlim_t cap = 0;
+  TrainerState state = run.state(2);
+  CATCH_SECTION("writing the weights") {
+    file = "model.safetensors";
+    cap = rlim_t{256} << 10;
+  }
+  CATCH_SECTION("writing the trainer state") {
+    file = "trainer_state.json";
+    cap = std::max({model_bytes, size("optimizer.pt"), size("config.yaml")}) + 4096;
+    state.data_cursor["padding"] = std::string(cap + 4096, 'x');
+  }
+  {
+    FileSizeLimit limit(cap);
+    try {
+      save_training_checkpoint(run.out.path(), state, run.contents());
+      CATCH_FAIL("the save succeeded");
+    } catch (const vlm::Error& e) {
+      CATCH_INFO(e.what());
+      CATCH_CHECK(e.code() == vlm::ExitCode::kSaveFailed);
+      CATCH_CHECK_THAT(e.what(), Catch::Contains("checkpoint of step 2 not saved: ") &&
+                                     Catch::Contains("/" + file) &&
+                                     Catch::Contains(std::strerror(EFBIG)) &&
+                                     Catch::Contains("the partial checkpoint was removed"));
+    }
+  }
+  // No partial directory is left; the checkpoint before is complete (CRC-checked), listed and
+  // resumed from.
+  CATCH_CHECK_FALSE(has_tmp_dir(run.out.path()));
+  CATCH_CHECK_FALSE(fs::exists(run.checkpoint(2)));
+  CATCH_CHECK(complete_steps(run.out.path()) == std::vector<int64_t>{1});
+  const auto resumed = run.resume();
+  CATCH_REQUIRE(resumed.has_value());
+  CATCH_CHECK(resumed->run.step == 1);
+  // With room again the next save goes through.
+  run.save(2);
+  CATCH_CHECK(complete_steps(run.out.path()) == std::vector<int64_t>{1, 2});
+}
+

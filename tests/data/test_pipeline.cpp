@@ -2,8 +2,10 @@
 // host collation, worst-case analysis.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "core/config_io.h"
 #include "data/batch/host_batch.h"
@@ -145,6 +147,110 @@ TEST_CASE("a cursor whose packs name a sample the source did not save is refused
   CHECK_THROWS_WITH(
       resumed->restore(cursor),
       Catch::Contains("the saved data cursor is inconsistent: sample " + std::to_string(renamed)));
+}
+
+TEST_CASE("a manifest whose lines were swapped since the checkpoint is refused at the line") {
+  // A sample waiting in a pack is rebuilt on restore from its manifest line: another sample
+  // there (lines reordered, edited, inserted) must not slip into a pack planned for the old one.
+  DemoFixture fixture;
+  nlohmann::json cursor;
+  {
+    DataSetup setup(fixture.config, 1);
+    auto reference = setup.training_pipeline();
+    for (int i = 0; i < 3; ++i) cursor = reference->next_step()->cursor_after;
+  }
+  REQUIRE(!cursor["source"]["in_flight"].empty());
+  const std::string manifest = (fixture.dir / "demo/train.jsonl").string();
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(vlm::test::read_file(manifest));
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  const auto images_in = [](const std::string& line) {
+    size_t n = 0;
+    for (size_t at = line.find("images/"); at != std::string::npos;
+         at = line.find("images/", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t a = cursor["source"]["in_flight"][0][2].get<size_t>();
+  size_t b = 0;
+  while (b == a || images_in(lines.at(b)) == images_in(lines.at(a))) ++b;
+  std::swap(lines.at(a), lines.at(b));
+  std::string text;
+  for (const auto& line : lines) text += line + "\n";
+  write_file(manifest, text);
+
+  // The same cursor before the swap restores (checked above by the resume test); after it:
+  DataSetup setup(fixture.config, 1);
+  auto resumed = setup.training_pipeline();
+  try {
+    resumed->restore(cursor);
+    FAIL("the swapped manifest was accepted");
+  } catch (const vlm::DataError& e) {
+    INFO(e.what());
+    CHECK(e.code() == vlm::ExitCode::kData);
+    CHECK(e.where().file == manifest);
+    const auto line = e.where().line;
+    CHECK((line == static_cast<int64_t>(a) + 1 || line == static_cast<int64_t>(b) + 1));
+    CHECK_THAT(e.what(), Catch::Contains("the dataset changed since the checkpoint: sample ") &&
+                             Catch::Contains("was packed from this line as "));
+  }
+  // Swapped back, the same cursor restores again.
+  std::swap(lines.at(a), lines.at(b));
+  text.clear();
+  for (const auto& line : lines) text += line + "\n";
+  write_file(manifest, text);
+  DataSetup again(fixture.config, 1);
+  CHECK_NOTHROW(again.training_pipeline()->restore(cursor));
+}
+
+TEST_CASE("a cursor whose saved packs break the pack limits is refused on restore") {
+  DemoFixture fixture(120, {"train.batch_size=2"});
+  DataSetup setup(fixture.config, 1);
+  auto reference = setup.training_pipeline();
+  nlohmann::json cursor;
+  for (int i = 0; i < 3; ++i) cursor = reference->next_step()->cursor_after;
+  REQUIRE(!cursor["packer"]["pool"].empty());
+  const auto refused = [&](const nlohmann::json& bad) {
+    try {
+      setup.training_pipeline()->restore(bad);
+    } catch (const vlm::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  // A waiting sample longer than a row (max_seq_len 512).
+  auto bad = cursor;
+  bad["packer"]["pool"][0][1] = 100000;
+  CHECK_THAT(refused(bad), Catch::Contains("packer state: the pool holds a pack of 1 samples, "
+                                           "100000 tokens") &&
+                               Catch::Contains("breaks the pack limits (512 tokens"));
+  // Negative, float and past-int64 counts, more supervised tokens than tokens.
+  for (const auto& value : {nlohmann::json(-3), nlohmann::json(1e300),
+                            nlohmann::json(std::numeric_limits<uint64_t>::max())}) {
+    bad = cursor;
+    bad["packer"]["pool"][0][2] = value;
+    CHECK_THAT(refused(bad), Catch::Contains("a saved sample's images is"));
+  }
+  bad = cursor;
+  bad["packer"]["pool"][0][4] = bad["packer"]["pool"][0][1].get<int64_t>() + 1;
+  CHECK_THAT(refused(bad), Catch::Contains("supervised tokens of"));
+  // A pack waiting for the next step with more tokens than a row.
+  bad = cursor;
+  auto item = cursor["packer"]["pool"][0];
+  bad["packer"]["pool"].erase(0);
+  item[1] = 600;
+  bad["planner"]["deferred"] = nlohmann::json::array({nlohmann::json::array({item})});
+  CHECK_THAT(refused(bad), Catch::Contains("a pack waiting for the next step is a pack of 1 "
+                                           "samples, 600 tokens"));
+  // The same sample in two packs.
+  bad = cursor;
+  bad["planner"]["deferred"] =
+      nlohmann::json::array({nlohmann::json::array({cursor["packer"]["pool"][0]})});
+  CHECK_THAT(refused(bad), Catch::Contains("waits in two packs"));
+  CHECK(refused(cursor) == "accepted");
 }
 
 TEST_CASE("the loader collates rows, crops and labels consistently") {

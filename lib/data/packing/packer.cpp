@@ -200,14 +200,34 @@ int64_t Packer::samples_inside() const {
 
 std::vector<uint64_t> Packer::sample_ids() const {
   std::vector<uint64_t> ids;
-  for (const PackItem& item : pool_.items_oldest_first()) ids.push_back(item.sample_id);
-  auto add = [&ids](const Pack& p) {
-    for (const PackItem& item : p.items) ids.push_back(item.sample_id);
-  };
+  for (const PackItem& item : items()) ids.push_back(item.sample_id);
+  return ids;
+}
+
+std::vector<PackItem> Packer::items() const {
+  std::vector<PackItem> items = pool_.items_oldest_first();
+  auto add = [&items](const Pack& p) { items.insert(items.end(), p.items.begin(), p.items.end()); };
   for (const CarriedPack& c : carried_) add(c.pack);
   for (const Pack& p : window_) add(p);
   for (const Pack& p : ready_) add(p);
-  return ids;
+  return items;
+}
+
+std::string pack_limit_problem(const Pack& pack, const PackLimits& limits) {
+  const auto totals = [&pack] {
+    return std::to_string(pack.items.size()) + " samples, " + std::to_string(pack.tokens) +
+           " tokens, " + std::to_string(pack.images) + " images, " + std::to_string(pack.crops) +
+           " crops";
+  };
+  if (pack.items.empty()) return "a pack without samples";
+  if (pack.tokens > limits.max_tokens || pack.images > limits.max_images ||
+      (limits.max_crops > 0 && pack.crops > limits.max_crops)) {
+    return "a pack of " + totals() + " breaks the pack limits (" +
+           std::to_string(limits.max_tokens) + " tokens, " + std::to_string(limits.max_images) +
+           " images, " + (limits.max_crops > 0 ? std::to_string(limits.max_crops) : "no") +
+           " crop cap)";
+  }
+  return "";
 }
 
 nlohmann::json Packer::save_state() const {
@@ -238,14 +258,32 @@ void Packer::restore_state(const nlohmann::json& state) {
                         " but this run uses " + to_json(options_).dump() +
                         "; resume with the same packing options");
     }
+    // Every saved sample and pack is held to what this packer could have made of it: a
+    // hand-edited or damaged state must not put an oversized pack into a step.
+    const auto check_pack = [this](const Pack& pack, const std::string& where) {
+      const std::string problem = pack_limit_problem(pack, limits_);
+      if (!problem.empty()) throw ConfigError("packer state: " + where + " holds " + problem);
+    };
     PackPool pool(limits_);
-    for (const auto& item : state.at("pool")) pool.add(item.get<PackItem>());
+    for (const auto& value : state.at("pool")) {
+      const PackItem item = value.get<PackItem>();
+      check_pack(Pack{{item}, item.tokens, item.images, item.crops, item.supervised}, "the pool");
+      pool.add(item);
+    }
     std::vector<CarriedPack> carried;
     for (const auto& c : state.at("carried")) {
       carried.push_back(CarriedPack{c.at("pack").get<Pack>(), c.at("deferrals").get<int64_t>()});
+      check_pack(carried.back().pack, "a carried pack");
+      if (carried.back().deferrals < 0 || carried.back().deferrals > options_.max_deferrals) {
+        throw ConfigError("packer state: a carried pack was deferred " +
+                          std::to_string(carried.back().deferrals) + " times, more than " +
+                          "packing.max_deferrals = " + std::to_string(options_.max_deferrals));
+      }
     }
     auto window = state.at("window").get<std::vector<Pack>>();
     auto ready = state.at("ready").get<std::deque<Pack>>();
+    for (const Pack& pack : window) check_pack(pack, "the emission window");
+    for (const Pack& pack : ready) check_pack(pack, "a finished pack");
     std::istringstream rng_text(state.at("rng").get<std::string>());
     std::mt19937_64 rng;
     rng_text >> rng;

@@ -28,6 +28,7 @@
 #include <deque>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -79,6 +80,8 @@ class Packer {
   int64_t samples_inside() const;
   // Their sample ids (pool, carried packs, window, ready packs).
   std::vector<uint64_t> sample_ids() const;
+  // The samples themselves, in the same order.
+  std::vector<PackItem> items() const;
 
  private:
   struct CarriedPack {
@@ -103,6 +106,10 @@ class Packer {
   std::mt19937_64 rng_;
   bool finished_ = false;
 };
+
+// What is wrong with a pack read back from a saved state, against the limits every pack
+// respects ("" when nothing): no samples, or more tokens, images or crops than a pack holds.
+std::string pack_limit_problem(const Pack& pack, const PackLimits& limits);
 
 // Merges under-filled packs that fit together (first fit, fullest first); returns the packs
 // in a deterministic order. Used by the final flush; exposed for tests.

@@ -1,5 +1,8 @@
 #include "data/packing/planning_pipeline.h"
 
+#include <set>
+#include <string>
+
 #include "core/error.h"
 
 namespace vlm::data {
@@ -65,14 +68,20 @@ void PlanningPipeline::release(const StepPlan& plan) {
   }
 }
 
-std::vector<uint64_t> PlanningPipeline::in_flight_ids() const {
+std::vector<PackItem> PlanningPipeline::in_flight_items() const {
   // Samples inside the packer and the planner's deferred packs: after a restore they must be
   // rebuilt, since they will still be collated.
-  std::vector<uint64_t> ids;
+  std::vector<PackItem> items;
   for (const auto& pack : planner_.deferred()) {
-    for (const auto& item : pack.items) ids.push_back(item.sample_id);
+    items.insert(items.end(), pack.items.begin(), pack.items.end());
   }
-  for (const uint64_t id : packer_.sample_ids()) ids.push_back(id);
+  for (const PackItem& item : packer_.items()) items.push_back(item);
+  return items;
+}
+
+std::vector<uint64_t> PlanningPipeline::in_flight_ids() const {
+  std::vector<uint64_t> ids;
+  for (const PackItem& item : in_flight_items()) ids.push_back(item.sample_id);
   return ids;
 }
 
@@ -93,12 +102,49 @@ void PlanningPipeline::restore(const nlohmann::json& cursor) {
   filter_.restore(DropCounts::from_json(cursor.at("drops")), cursor.at("kept").get<int64_t>());
   packer_.restore_state(cursor.at("packer"));
   planner_.restore_state(cursor.at("planner"));
-  // Every sample the restored packer and planner hold must have come back with the source: a
-  // cursor whose parts disagree (edited or damaged) would otherwise fail a later step.
-  for (const uint64_t id : in_flight_ids()) {
+  check_restored_in_flight();
+}
+
+// What the restored packer and planner hold must be what the source rebuilt: every sample back
+// with the source, once, as it was packed. A cursor whose parts disagree (edited or damaged)
+// or a dataset changed since (a line edited, lines reordered, added or removed before it)
+// would otherwise put wrong samples, or oversized packs, into the next steps.
+void PlanningPipeline::check_restored_in_flight() const {
+  const PackLimits limits = options_.packer.limits();
+  for (const Pack& pack : planner_.deferred()) {
+    const std::string problem = pack_limit_problem(pack, limits);
+    if (!problem.empty()) {
+      throw DataError(
+          "the saved data cursor is inconsistent: a pack waiting for the next step "
+          "is " +
+          problem);
+    }
+  }
+  std::set<uint64_t> seen;
+  for (const PackItem& saved : in_flight_items()) {
+    const uint64_t id = saved.sample_id;
     if (!source_->holds(id)) {
       throw DataError("the saved data cursor is inconsistent: sample " + std::to_string(id) +
                       " waits in a pack but is not among the source's saved samples");
+    }
+    if (!seen.insert(id).second) {
+      throw DataError("the saved data cursor is inconsistent: sample " + std::to_string(id) +
+                      " waits in two packs");
+    }
+    const std::shared_ptr<const BuiltSample> built = source_->sample(id);
+    if (!built) continue;  // a length stream: the pack's numbers are the sample
+    const PackItem now = built->item(id);
+    if (now != saved) {
+      const auto describe = [](const PackItem& i) {
+        return std::to_string(i.tokens) + " tokens, " + std::to_string(i.images) + " images, " +
+               std::to_string(i.crops) + " crops, " + std::to_string(i.supervised) + " supervised";
+      };
+      throw DataError("the dataset changed since the checkpoint: sample " + std::to_string(id) +
+                          " was packed from this line as " + describe(saved) +
+                          ", the line now gives " + describe(now) +
+                          " (lines edited, reordered, added or removed?); resume with the data "
+                          "as it was, or start a new output.dir",
+                      source_->where(id));
     }
   }
 }

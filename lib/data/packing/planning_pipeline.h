@@ -58,6 +58,8 @@ class PlanningPipeline {
  private:
   std::optional<Pack> next_pack();
   std::vector<uint64_t> in_flight_ids() const;
+  std::vector<PackItem> in_flight_items() const;
+  void check_restored_in_flight() const;
 
   std::unique_ptr<ItemSource> source_;
   PlanningOptions options_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -66,6 +67,29 @@ double StepPlan::rank_imbalance() const {
 
 namespace {
 
+// Whether `pack` may join `mb` under the caps; `bytes` is the predicted size with it.
+bool fits_into(const StepPlannerOptions& o, const MicroBatch& mb, const Pack& pack,
+               int64_t& bytes) {
+  if (static_cast<int64_t>(mb.packs.size()) >= o.batch_size) return false;
+  if (o.max_crops_per_micro_batch > 0 &&
+      mb.shape.crops + pack.crops > o.max_crops_per_micro_batch) {
+    return false;
+  }
+  bytes = 0;
+  if (o.predict_bytes) {
+    MicroBatchShape shape = mb.shape;
+    shape.add(pack);
+    bytes = o.predict_bytes(shape);
+    if (o.max_micro_batch_bytes > 0 && bytes > o.max_micro_batch_bytes) return false;
+  }
+  return true;
+}
+
+bool fits_alone(const StepPlannerOptions& o, const Pack& pack) {
+  int64_t bytes = 0;
+  return fits_into(o, MicroBatch{}, pack, bytes);
+}
+
 class SlotAssigner {
  public:
   explicit SlotAssigner(const StepPlannerOptions& o) : o_(o) {
@@ -104,28 +128,11 @@ class SlotAssigner {
   }
 
   // Whether `pack` fits an empty micro-batch at all.
-  bool fits_alone(const Pack& pack) const {
-    int64_t bytes = 0;
-    return fits(MicroBatch{}, pack, bytes);
-  }
-
   StepPlan take() { return std::move(plan_); }
 
  private:
   bool fits(const MicroBatch& mb, const Pack& pack, int64_t& bytes) const {
-    if (static_cast<int64_t>(mb.packs.size()) >= o_.batch_size) return false;
-    if (o_.max_crops_per_micro_batch > 0 &&
-        mb.shape.crops + pack.crops > o_.max_crops_per_micro_batch) {
-      return false;
-    }
-    bytes = 0;
-    if (o_.predict_bytes) {
-      MicroBatchShape shape = mb.shape;
-      shape.add(pack);
-      bytes = o_.predict_bytes(shape);
-      if (o_.max_micro_batch_bytes > 0 && bytes > o_.max_micro_batch_bytes) return false;
-    }
-    return true;
+    return fits_into(o_, mb, pack, bytes);
   }
 
   const StepPlannerOptions& o_;
@@ -142,7 +149,7 @@ PlanResult plan_step(const std::vector<Pack>& waiting, const std::vector<Pack>& 
   PlanResult result;
   auto place_or_defer = [&](const Pack& pack, double cost) {
     if (assigner.place(pack, cost)) return;
-    if (!assigner.fits_alone(pack)) {
+    if (!fits_alone(options, pack)) {
       throw ConfigError("step planner: a pack with " + std::to_string(pack.tokens) +
                         " tokens and " + std::to_string(pack.crops) +
                         " crops does not fit an empty micro-batch under max_crops_per_micro_batch"
@@ -184,11 +191,29 @@ std::optional<StepPlan> StepPlanner::next_step(const PackSource& source) {
 nlohmann::json StepPlanner::save_state() const { return {{"deferred", deferred_}}; }
 
 void StepPlanner::restore_state(const nlohmann::json& state) {
+  std::vector<Pack> deferred;
   try {
-    deferred_ = state.at("deferred").get<std::vector<Pack>>();
+    deferred = state.at("deferred").get<std::vector<Pack>>();
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(std::string("step planner state is malformed: ") + e.what());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("step planner state holds an impossible pack: ") + e.what());
   }
+  // A step defers at most the packs it was offered, each one able to fill a micro-batch alone
+  // (plan_step refuses the others); a saved state that says otherwise was not written here.
+  if (static_cast<int64_t>(deferred.size()) > options_.packs_per_step()) {
+    throw ConfigError("step planner state defers " + std::to_string(deferred.size()) +
+                      " packs, more than the " + std::to_string(options_.packs_per_step()) +
+                      " packs of a step");
+  }
+  for (const Pack& pack : deferred) {
+    if (pack.items.empty() || !fits_alone(options_, pack)) {
+      throw ConfigError("step planner state defers a pack of " + std::to_string(pack.items.size()) +
+                        " samples, " + std::to_string(pack.tokens) + " tokens and " +
+                        std::to_string(pack.crops) + " crops, which no micro-batch can take alone");
+    }
+  }
+  deferred_ = std::move(deferred);
 }
 
 }  // namespace vlm::data

@@ -94,6 +94,13 @@ std::shared_ptr<const BuiltSample> DatasetSource::sample(uint64_t sample_id) con
   return it == built_.end() ? nullptr : it->second;
 }
 
+SourceLocation DatasetSource::where(uint64_t sample_id) const {
+  const auto it = refs_.find(sample_id);
+  if (it == refs_.end()) return {};
+  const Manifest& manifest = *manifests_.at(it->second.dataset);
+  return {manifest.path(), manifest.line_number(it->second.index)};
+}
+
 nlohmann::json DatasetSource::state(const std::vector<uint64_t>& in_flight) const {
   nlohmann::json refs = nlohmann::json::array();
   for (const uint64_t id : in_flight) {

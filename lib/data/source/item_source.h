@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/error.h"
 #include "data/packing/pack_item.h"
 #include "data/source/length_stream.h"
 #include "data/source/manifest.h"
@@ -36,6 +37,8 @@ class ItemSource {
   // Whether sample `sample_id` can be handed to the packer's consumers (after a restore: whether
   // the state brought it back). A length stream's packs carry everything, so always.
   virtual bool holds(uint64_t sample_id) const { return true; }
+  // Where a held sample comes from (its manifest file:line), for errors; unknown by default.
+  virtual SourceLocation where(uint64_t sample_id) const { return {}; }
   // Draws of an endless source after which every one of its samples has come at least once;
   // 0 for a finite source, which ends by itself. Lets a consumer prove progress: that many
   // draws in a row without a usable sample means none will ever come.
@@ -66,6 +69,7 @@ class DatasetSource : public ItemSource {
   nlohmann::json state(const std::vector<uint64_t>& in_flight) const override;
   void restore(const nlohmann::json& state) override;
   bool holds(uint64_t sample_id) const override { return refs_.count(sample_id) > 0; }
+  SourceLocation where(uint64_t sample_id) const override;
 
   uint64_t total_samples() const;  // over all manifests (one pass)
   uint64_t pass_size() const override {

@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "train/crc32.h"
 
 namespace vlm::train {
@@ -101,10 +102,22 @@ Verdict parse_marker(const fs::path& dir, int64_t step) {
   const fs::path marker = dir / kCheckpointMarker;
   std::error_code ec;
   if (!fs::is_regular_file(marker, ec)) return {std::nullopt, "no completion marker"};
+  const auto size = fs::file_size(marker, ec);
+  if (ec) return {std::nullopt, "marker unreadable: " + ec.message()};
+  if (size > static_cast<uintmax_t>(kMaxMarkerBytes)) {
+    return {std::nullopt, "marker is " + std::to_string(size) + " bytes, more than the " +
+                              std::to_string(kMaxMarkerBytes >> 20) + " MiB a marker can be"};
+  }
   FILE* file = std::fopen(marker.c_str(), "rb");
   if (!file) return {std::nullopt, std::string("marker unreadable: ") + std::strerror(errno)};
-  json doc = json::parse(file, nullptr, /*allow_exceptions=*/false);
+  std::string text(static_cast<size_t>(size), '\0');
+  const size_t got = std::fread(text.data(), 1, text.size(), file);
   std::fclose(file);
+  text.resize(got);
+  if (json_nesting_depth(text) > kMaxJsonDepth) {
+    return {std::nullopt, "marker nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"};
+  }
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return {std::nullopt, "marker is not a JSON object"};
   const auto step_it = doc.find("step");
   if (step_it == doc.end() || !step_it->is_number_integer() || step_it->get<int64_t>() != step) {

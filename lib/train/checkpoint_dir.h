@@ -65,6 +65,10 @@ uint32_t file_crc32(const std::filesystem::path& file);
 // vlm::Error (kSaveFailed) naming the path and the errno text.
 void write_file_synced(const std::filesystem::path& path, const std::string& bytes);
 
+// A COMPLETE.json larger than this is not a marker (one lists a few files); it is refused
+// before it is read, like one nested deeper than kMaxJsonDepth (core/json_depth.h).
+inline constexpr int64_t kMaxMarkerBytes = int64_t{16} << 20;
+
 // Writes one checkpoint by the protocol above. Usage:
 //   CheckpointWriter writer(checkpoints_dir(out), config_hash);
 //   auto dir = writer.begin(step);

@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <stdexcept>
 
 #include "core/config_io.h"
+#include "core/json_depth.h"
 #include "model/safetensors.h"
 #include "model/weight_map_hf.h"
 #include "runtime/compat.h"
@@ -48,6 +50,12 @@ void save_training_checkpoint(const fs::path& run_dir, TrainerState state,
     writer.add_file("optimizer.pt");
     state.cpu_rng_state = cpu_rng_bytes();
     const std::string state_text = to_json(state).dump(1) + "\n";
+    if (static_cast<int64_t>(state_text.size()) > kMaxTrainerStateBytes) {
+      throw Error(ExitCode::kSaveFailed,
+                  "trainer_state.json would be " + std::to_string(state_text.size()) +
+                      " bytes, more than the " + std::to_string(kMaxTrainerStateBytes >> 20) +
+                      " MiB a resume reads (kMaxTrainerStateBytes); lower packing.buffer_samples");
+    }
     write_file_synced(tmp / "trainer_state.json", state_text);
     writer.add_file("trainer_state.json");
     write_file_synced(tmp / "config.yaml", to_yaml(c.config, true));
@@ -70,12 +78,34 @@ void save_training_checkpoint(const fs::path& run_dir, TrainerState state,
 
 namespace {
 
+// trainer_state.json, refused before parsing when larger or more deeply nested than a run
+// writes it (a 100,000-deep data_cursor would otherwise overflow the stack in nlohmann::json).
+nlohmann::json read_trainer_state(const fs::path& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw std::runtime_error("cannot read " + path.string() + ": " + ec.message());
+  if (size > static_cast<uintmax_t>(kMaxTrainerStateBytes)) {
+    throw std::runtime_error(path.string() + " is " + std::to_string(size) +
+                             " bytes, more than the " +
+                             std::to_string(kMaxTrainerStateBytes >> 20) +
+                             " MiB a trainer state can be (kMaxTrainerStateBytes)");
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
+    throw std::runtime_error("cannot read " + path.string());
+  }
+  if (json_nesting_depth(text) > kMaxJsonDepth) {
+    throw std::runtime_error(path.string() + " nests deeper than " + std::to_string(kMaxJsonDepth) +
+                             " levels; a trainer state nests a few (a damaged or crafted file?)");
+  }
+  return nlohmann::json::parse(text);
+}
+
 // Loads one checkpoint; throws (with the reason) when any part of it cannot be used.
 TrainerState load_checkpoint(const fs::path& dir, int world_size, const CheckpointContents& c,
                              const std::function<void(const nlohmann::json&)>& restore_data) {
-  nlohmann::json json;
-  std::ifstream(dir / "trainer_state.json") >> json;
-  TrainerState state = trainer_state_from_json(json);
+  TrainerState state = trainer_state_from_json(read_trainer_state(dir / "trainer_state.json"));
   if (state.world_size != world_size) {
     throw UsageError("checkpoint " + dir.string() + " was written by " +
                      std::to_string(state.world_size) + " ranks, this run has " +

@@ -26,6 +26,11 @@ struct CheckpointContents {
   const Config& config;
 };
 
+// trainer_state.json is read only up to this size (and kMaxJsonDepth levels of nesting): a run
+// writes far less (its in-flight samples, about 100 bytes each), and a save whose state would
+// not be read back fails instead.
+inline constexpr int64_t kMaxTrainerStateBytes = int64_t{1} << 30;
+
 // Writes checkpoints/step-<state.run.step> under `run_dir` (call on rank 0 only), with the CPU
 // generator's state taken now, then prunes to output.keep_checkpoints. Every file is written
 // with checked writes and fsynced; any failure (disk full, I/O error) throws vlm::Error

@@ -115,6 +115,18 @@ CATCH_TEST_CASE("damaged checkpoints are skipped and the previous one is chosen"
     write_file(newest / kCheckpointMarker,
                R"({"step": 2, "files": {"../x": {"bytes": 0, "crc32": 0}}})");
   }
+  // Valid markers otherwise (step and files right): refused before they are parsed.
+  CATCH_SECTION("marker larger than 16 MiB") {
+    std::string marker = vlm::test::read_file(newest / kCheckpointMarker);
+    marker.insert(marker.rfind('}'), ", \"padding\": \"" + std::string(17 << 20, 'x') + "\"");
+    write_file(newest / kCheckpointMarker, marker);
+  }
+  CATCH_SECTION("marker nested 100,000 levels deep") {
+    std::string marker = vlm::test::read_file(newest / kCheckpointMarker);
+    marker.insert(marker.rfind('}'),
+                  ", \"extra\": " + std::string(100000, '[') + std::string(100000, ']'));
+    write_file(newest / kCheckpointMarker, marker);
+  }
   CATCH_SECTION("marker with a negative size") {
     write_file(newest / kCheckpointMarker,
                R"({"step": 2, "files": {"model.bin": {"bytes": -1, "crc32": 0}}})");

@@ -1,5 +1,6 @@
 // save_training_checkpoint and resume_training_checkpoint in process, on the tiny model: a save
-// that a full file system stops (a real EFBIG from RLIMIT_FSIZE, not a simulated throw).
+// that a full file system stops (a real EFBIG from RLIMIT_FSIZE, not a simulated throw), and
+// trainer states or loss scaler states that no run writes, refused for the checkpoint before.
 #include <signal.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -101,6 +102,26 @@ class FileSizeLimit {
   sighandler_t previous_handler_ = SIG_DFL;
 };
 
+// Rewrites a checkpoint's trainer_state.json as `text` and re-seals its marker (size and
+// CRC-32), as a hand edit or another version would leave it: complete, but wrong inside.
+void replace_trainer_state(const fs::path& checkpoint, const std::string& text) {
+  const fs::path state_path = checkpoint / "trainer_state.json";
+  vlm::test::write_file(state_path, text);
+  const fs::path marker_path = checkpoint / kCheckpointMarker;
+  nlohmann::json marker = nlohmann::json::parse(vlm::test::read_file(marker_path));
+  marker["files"]["trainer_state.json"]["bytes"] = fs::file_size(state_path);
+  marker["files"]["trainer_state.json"]["crc32"] = file_crc32(state_path);
+  vlm::test::write_file(marker_path, marker.dump());
+}
+
+template <typename Edit>
+void edit_trainer_state(const fs::path& checkpoint, Edit edit) {
+  nlohmann::json state =
+      nlohmann::json::parse(vlm::test::read_file(checkpoint / "trainer_state.json"));
+  edit(state);
+  replace_trainer_state(checkpoint, state.dump());
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("a save stopped by a full file system fails with the save code, keeping the last",
@@ -154,3 +175,34 @@ CATCH_TEST_CASE("a save stopped by a full file system fails with the save code, 
   CATCH_CHECK(complete_steps(run.out.path()) == std::vector<int64_t>{1, 2});
 }
 
+CATCH_TEST_CASE("a trainer state nested 100,000 levels deep is refused like a damaged one",
+                "[checkpoint]") {
+  Run run;
+  run.save(1);
+  run.save(2);
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::string text = vlm::test::read_file(run.checkpoint(2) / "trainer_state.json");
+  const auto replace_cursor = [&](std::string state_text) {
+    nlohmann::json state = nlohmann::json::parse(state_text);
+    state["data_cursor"] = "@CURSOR@";
+    std::string out = state.dump();
+    out.replace(out.find("\"@CURSOR@\""), 10, deep);
+    return out;
+  };
+  replace_trainer_state(run.checkpoint(2), replace_cursor(text));
+  const auto resumed = run.resume();
+  CATCH_REQUIRE(resumed.has_value());
+  CATCH_CHECK(resumed->run.step == 1);
+
+  // Every checkpoint refused: a usage error naming the newest one's reason.
+  text = vlm::test::read_file(run.checkpoint(1) / "trainer_state.json");
+  replace_trainer_state(run.checkpoint(1), replace_cursor(text));
+  try {
+    run.resume();
+    CATCH_FAIL("resumed");
+  } catch (const vlm::UsageError& e) {
+    CATCH_CHECK_THAT(e.what(), Catch::Contains("no usable checkpoint") &&
+                                   Catch::Contains("step-00000002") &&
+                                   Catch::Contains("nests deeper than 64 levels"));
+  }
+}

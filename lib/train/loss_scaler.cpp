@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace vlm::train {
 namespace {
@@ -89,17 +93,29 @@ nlohmann::json LossScaler::state() const {
 }
 
 void LossScaler::load_state(const nlohmann::json& state) {
+  // A count: an integer in [0, 2^63) (a larger unsigned would wrap negative in get<int64_t>).
+  const auto count = [&state](const char* key) {
+    if (!state.contains(key)) return false;
+    const nlohmann::json& v = state[key];
+    return v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                                  : v.is_number_integer() && v.get<int64_t>() >= 0;
+  };
   const bool shaped = state.is_object() && state.contains("scale") && state["scale"].is_number() &&
-                      state.contains("growth_tracker") &&
-                      state["growth_tracker"].is_number_integer() &&
-                      state.contains("skipped_steps") && state["skipped_steps"].is_number_integer();
-  if (!shaped || !(state["scale"].get<double>() > 0.0)) {
+                      count("growth_tracker") && count("skipped_steps");
+  // The scale a run can have written: finite, at least min_scale (backoff stops there) and
+  // within a float (growth stops there). NaN, infinity, 0 or a negative scale would make every
+  // step non-finite or flip the gradients' sign.
+  const double scale = shaped ? state["scale"].get<double>() : 0.0;
+  if (!shaped || !std::isfinite(scale) || !(scale >= options_.min_scale) ||
+      scale > static_cast<double>(std::numeric_limits<float>::max())) {
+    const std::string text = state.dump();
     throw Error(ExitCode::kTrainingFailed,
-                "loss scaler state is malformed (want {\"scale\" > 0, \"growth_tracker\", "
-                "\"skipped_steps\"}): " +
-                    state.dump());
+                "loss scaler state is out of range (want {\"scale\": a finite number >= " +
+                    format_real(options_.min_scale) +
+                    ", \"growth_tracker\" and \"skipped_steps\": integers >= 0}): " +
+                    (text.size() > 200 ? text.substr(0, 200) + "..." : text));
   }
-  scale_ = state["scale"].get<double>();
+  scale_ = scale;
   growth_tracker_ = state["growth_tracker"].get<int64_t>();
   skipped_steps_ = state["skipped_steps"].get<int64_t>();
 }

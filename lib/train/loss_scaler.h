@@ -55,7 +55,9 @@ class LossScaler {
 
   // {"scale", "growth_tracker", "skipped_steps"} for trainer_state.json.
   nlohmann::json state() const;
-  // Restores state(); throws vlm::Error on a malformed object.
+  // Restores state(); throws vlm::Error, leaving the scaler as it was, on a malformed object or
+  // one no run writes (a scale that is not a finite number in [min_scale, FLT_MAX], a negative
+  // count).
   void load_state(const nlohmann::json& state);
 
  private:

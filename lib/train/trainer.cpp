@@ -65,7 +65,7 @@ class Trainer {
   void save_checkpoint();
   void run_evaluation(bool final);
   TrainerState trainer_state() const;
-  CheckpointContents checkpoint_contents() { return {model_, *optimizer_, config_}; }
+  CheckpointContents checkpoint_contents() { return {model_, *optimizer_, config_, scaler_.get()}; }
 
   const LoadedConfig& loaded_;
   const Config& config_;
@@ -190,8 +190,7 @@ void Trainer::resume_if_possible() {
                                  [&](const nlohmann::json& cursor) { pipeline_->restore(cursor); });
   if (!saved) return;
   state_ = saved->run;
-  optimizer_state_ready_ = state_.step > 0;
-  if (scaler_ && !saved->loss_scaler.is_null()) scaler_->load_state(saved->loss_scaler);
+  optimizer_state_ready_ = state_.step > 0;  // the loss scaler was restored with the rest
   cursor_ = saved->data_cursor;
 }
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include "core/config_io.h"
@@ -102,7 +103,8 @@ nlohmann::json read_trainer_state(const fs::path& path) {
   return nlohmann::json::parse(text);
 }
 
-// Loads one checkpoint; throws (with the reason) when any part of it cannot be used.
+// Loads one checkpoint; throws (with the reason) when any part of it cannot be used. What it
+// changes outside the model and optimizer (the scaler) is only changed once all of it loaded.
 TrainerState load_checkpoint(const fs::path& dir, int world_size, const CheckpointContents& c,
                              const std::function<void(const nlohmann::json&)>& restore_data) {
   TrainerState state = trainer_state_from_json(read_trainer_state(dir / "trainer_state.json"));
@@ -116,6 +118,11 @@ TrainerState load_checkpoint(const fs::path& dir, int world_size, const Checkpoi
     spdlog::warn("the config changed since checkpoint {} was written; resuming anyway",
                  dir.string());
   }
+  std::optional<LossScaler> scaler;
+  if (c.scaler && !state.loss_scaler.is_null()) {
+    scaler = *c.scaler;
+    scaler->load_state(state.loss_scaler);
+  }
   const model::TensorMap weights =
       model::load_weights((dir / "model.safetensors").string(), c.config.model.dims, 0).tensors;
   {
@@ -125,6 +132,7 @@ TrainerState load_checkpoint(const fs::path& dir, int world_size, const Checkpoi
   c.optimizer.load(dir / "optimizer.pt");
   restore_data(state.data_cursor);
   restore_cpu_rng(state.cpu_rng_state);
+  if (scaler) *c.scaler = *scaler;
   return state;
 }
 

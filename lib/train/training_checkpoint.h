@@ -15,6 +15,7 @@
 
 #include "core/config.h"
 #include "model/vision_language_model.h"
+#include "train/loss_scaler.h"
 #include "train/optimizer.h"
 #include "train/run_state.h"
 
@@ -24,6 +25,7 @@ struct CheckpointContents {
   model::VisionLanguageModel& model;
   GroupedAdamW& optimizer;
   const Config& config;
+  LossScaler* scaler = nullptr;  // fp16's dynamic loss scaler; nullptr otherwise
 };
 
 // trainer_state.json is read only up to this size (and kMaxJsonDepth levels of nesting): a run
@@ -45,7 +47,9 @@ void save_training_checkpoint(const std::filesystem::path& run_dir, TrainerState
 // checkpoint whose state is out of range, whose weights or optimizer state cannot be loaded,
 // or whose cursor is refused, is skipped with a warning naming the reason, in favour of the
 // one before it; when none is usable, UsageError names the newest one's reason. Throws
-// UsageError when the newest usable one was written by another number of ranks.
+// UsageError when the newest usable one was written by another number of ranks. With a
+// `contents.scaler`, the saved loss scaler state is part of the check (a scale that is not a
+// finite number >= the scaler's minimum refuses the checkpoint) and is restored last.
 std::optional<TrainerState> resume_training_checkpoint(
     const std::filesystem::path& run_dir, int world_size, const CheckpointContents& contents,
     const std::function<void(const nlohmann::json&)>& restore_data);

@@ -92,3 +92,32 @@ CATCH_TEST_CASE("loss scaler state round-trips through JSON", "[loss_scaler]") {
       vlm::Error);
   CATCH_CHECK_THROWS_AS(LossScaler(LossScalerOptions{0.5, 2.0, 0.5, 10, 1.0}), vlm::ConfigError);
 }
+
+CATCH_TEST_CASE("a loss scaler state that no run writes is refused, the scaler left unchanged",
+                "[loss_scaler]") {
+  LossScaler scaler;
+  const auto state = [](nlohmann::json scale) {
+    return nlohmann::json{{"scale", scale}, {"growth_tracker", 3}, {"skipped_steps", 1}};
+  };
+  // Infinity, NaN, zero, below min_scale (1) and beyond a float: each would make every step
+  // non-finite or scale gradients wrongly; none can come out of update().
+  for (const double scale :
+       {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN(), 0.0, -2.0, 0.5, 1e39}) {
+    CATCH_INFO("scale " << scale);
+    CATCH_CHECK_THROWS_WITH(scaler.load_state(state(scale)),
+                            Catch::Contains("loss scaler state is out of range"));
+  }
+  CATCH_CHECK_THROWS_AS(scaler.load_state(state("1024")), vlm::Error);
+  nlohmann::json negative = state(1024.0);
+  negative["growth_tracker"] = -1;
+  CATCH_CHECK_THROWS_AS(scaler.load_state(negative), vlm::Error);
+  nlohmann::json wrapped = state(1024.0);
+  wrapped["skipped_steps"] = std::numeric_limits<uint64_t>::max();  // -1 as an int64
+  CATCH_CHECK_THROWS_AS(scaler.load_state(wrapped), vlm::Error);
+  CATCH_CHECK(scaler.scale() == 65536.0);
+  CATCH_CHECK(scaler.growth_tracker() == 0);
+  scaler.load_state(state(1.0));  // min_scale itself is reachable
+  CATCH_CHECK(scaler.scale() == 1.0);
+  CATCH_CHECK(scaler.growth_tracker() == 3);
+}

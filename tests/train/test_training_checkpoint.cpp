@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "support/test_support.h"
 #include "train/checkpoint_dir.h"
+#include "train/loss_scaler.h"
 #include "train/model_setup.h"
 #include "train/optimizer.h"
 #include "train/training_checkpoint.h"
@@ -31,7 +32,7 @@ using namespace vlm::train;
 
 namespace {
 
-// The tiny model and its optimizer, checkpointed under a temporary run
+// The tiny model, its optimizer and an fp16 loss scaler, checkpointed under a temporary run
 // directory with a stand-in data cursor.
 struct Run {
   TempDir out{"train-ckpt"};
@@ -39,18 +40,20 @@ struct Run {
       vlm::load_config("", {"model.preset=tiny", "output.keep_checkpoints=5"}).config;
   vlm::model::VisionLanguageModel model = build_model(config.model, 1);
   GroupedAdamW optimizer{named_parameters_of(*model), adam_options()};
+  LossScaler scaler;
 
   static GroupedAdamWOptions adam_options() {
     GroupedAdamWOptions adam;
     adam.peak_lr = {{"vision", 1e-4}, {"projector", 1e-3}, {"language", 1e-4}};
     return adam;
   }
-  CheckpointContents contents() { return {model, optimizer, config}; }
+  CheckpointContents contents() { return {model, optimizer, config, &scaler}; }
   TrainerState state(int64_t step) {
     TrainerState s;
     s.run.step = step;
     s.config_hash = vlm::config_hash(config);
     s.data_cursor = {{"position", step}};
+    s.loss_scaler = scaler.state();
     return s;
   }
   void save(int64_t step) { save_training_checkpoint(out.path(), state(step), contents()); }
@@ -205,4 +208,33 @@ CATCH_TEST_CASE("a trainer state nested 100,000 levels deep is refused like a da
                                    Catch::Contains("step-00000002") &&
                                    Catch::Contains("nests deeper than 64 levels"));
   }
+}
+
+CATCH_TEST_CASE("a loss scaler state out of range refuses its checkpoint, not the run",
+                "[checkpoint]") {
+  Run run;
+  run.scaler.load_state({{"scale", 1024.0}, {"growth_tracker", 5}, {"skipped_steps", 1}});
+  run.save(1);
+  run.scaler.load_state({{"scale", 2048.0}, {"growth_tracker", 0}, {"skipped_steps", 1}});
+  run.save(2);
+  run.save(3);
+  // Step 3: a scale beyond a float (no run writes one); step 2: fine, but its data cursor is
+  // refused after the scaler state was read.
+  edit_trainer_state(run.checkpoint(3),
+                     [](nlohmann::json& s) { s["loss_scaler"]["scale"] = 1e39; });
+  run.scaler = LossScaler();
+  const auto resumed =
+      run.resume([](const nlohmann::json& cursor) { return cursor["position"] == 2; });
+  CATCH_REQUIRE(resumed.has_value());
+  CATCH_CHECK(resumed->run.step == 1);
+  // The scaler is step 1's: neither the refused step 3's nor the half-loaded step 2's.
+  CATCH_CHECK(run.scaler.scale() == 1024.0);
+  CATCH_CHECK(run.scaler.growth_tracker() == 5);
+
+  edit_trainer_state(run.checkpoint(1), [](nlohmann::json& s) { s["loss_scaler"]["scale"] = 0; });
+  edit_trainer_state(run.checkpoint(2), [](nlohmann::json& s) { s["loss_scaler"]["scale"] = -1; });
+  run.scaler = LossScaler();
+  CATCH_CHECK_THROWS_WITH(run.resume(), Catch::Contains("no usable checkpoint") &&
+                                            Catch::Contains("loss scaler state is out of range"));
+  CATCH_CHECK(run.scaler.scale() == 65536.0);
 }

@@ -206,6 +206,7 @@ void read_shard(const std::string& shard_path, const std::set<std::string>& list
                       SourceLocation{index_path});
     }
     out.tensors[entry.name] = shard.copy(entry);
+    out.file_of[entry.name] = shard_path;
   }
   for (const auto& name : listed) {
     if (out.tensors.count(name) == 0) {
@@ -230,7 +231,10 @@ SafetensorsContents read_sharded(const std::string& index_path) {
 SafetensorsContents read_single(const std::string& path) {
   const SafetensorsFile file(path);
   SafetensorsContents out;
-  for (const auto& entry : file.header().tensors) out.tensors[entry.name] = file.copy(entry);
+  for (const auto& entry : file.header().tensors) {
+    out.tensors[entry.name] = file.copy(entry);
+    out.file_of[entry.name] = path;
+  }
   out.metadata = file.header().metadata;
   out.files.push_back(path);
   return out;

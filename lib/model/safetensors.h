@@ -50,6 +50,7 @@ struct SafetensorsContents {
   TensorMap tensors;
   std::map<std::string, std::string> metadata;  // __metadata__ (shards' merged, first wins)
   std::vector<std::string> files;               // the .safetensors files read
+  std::map<std::string, std::string> file_of;   // tensor name -> the file that holds it
 };
 
 // Reads every tensor (as owning copies) from `path`, which is one of: a .safetensors file; a

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <set>
 #include <utility>
 
 #include "core/error.h"
@@ -280,6 +281,61 @@ MappedWeights map_llama_language(const TensorMap& hf, const spec::ModelSpec& spe
   return out;
 }
 
+namespace {
+
+// The dtype as a safetensors header spells it ("I32"), for errors.
+std::string stored_dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kLong:
+      return "I64";
+    case at::kInt:
+      return "I32";
+    case at::kShort:
+      return "I16";
+    case at::kChar:
+      return "I8";
+    case at::kByte:
+      return "U8";
+    case at::kBool:
+      return "BOOL";
+    default:
+      return c10::toString(type);
+  }
+}
+
+// Every tensor a weights file gives the model must be floating point with finite values: an
+// integer tensor would be converted to float silently (nanoVLM's copy_ would do the same), and
+// a NaN or infinity would make the first step's loss NaN. Tensors ignored by design (the
+// position_ids buffer of old SigLIP exports is I64) are not weights.
+void check_weight_values(const SafetensorsContents& contents,
+                         const std::vector<std::string>& ignored) {
+  const std::set<std::string> skip(ignored.begin(), ignored.end());
+  for (const auto& [name, tensor] : contents.tensors) {
+    if (skip.count(name) > 0) continue;
+    const auto file = contents.file_of.find(name);
+    const SourceLocation where{file == contents.file_of.end() ? std::string() : file->second};
+    if (!at::isFloatingType(tensor.scalar_type())) {
+      throw DataError("tensor '" + name + "' has dtype " + stored_dtype_name(tensor.scalar_type()) +
+                          " " + shape_text(tensor.sizes().vec()) +
+                          "; weights must be floating point (F32, F16, BF16 or F64)",
+                      where);
+    }
+    if (tensor.numel() == 0) continue;
+    const int64_t bad = tensor.numel() - at::isfinite(tensor).sum().item<int64_t>();
+    if (bad > 0) {
+      const int64_t nans = at::isnan(tensor).sum().item<int64_t>();
+      throw DataError("tensor '" + name + "' holds " + std::to_string(bad) +
+                          " non-finite values (" + std::to_string(nans) + " NaN, " +
+                          std::to_string(bad - nans) + " infinite) of " +
+                          std::to_string(tensor.numel()) +
+                          "; the weights are damaged (or were saved after a diverged step)",
+                      where);
+    }
+  }
+}
+
+}  // namespace
+
 MappedWeights read_weights(const std::string& path, const spec::ModelSpec& spec, uint64_t seed) {
   const SafetensorsContents contents = read_safetensors(path);
   MappedWeights out;
@@ -307,6 +363,7 @@ MappedWeights read_weights(const std::string& path, const spec::ModelSpec& spec,
           SourceLocation{path});
     }
   }
+  check_weight_values(contents, out.ignored);
   out.files = contents.files;
   return out;
 }

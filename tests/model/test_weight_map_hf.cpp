@@ -303,3 +303,93 @@ CATCH_TEST_CASE("weights: unknown layouts, bad saves and the non-throwing inspec
   const auto mis = vlm::model::inspect_weights(siglip, wider);
   CATCH_CHECK(mis.report.mis_shaped.size() == 2 * 3);  // fc1 weight and bias, fc2 weight, x2
 }
+
+namespace {
+
+// The DataError of loading `path`, with the file it names.
+std::pair<std::string, std::string> load_error_at(const std::string& path,
+                                                  const vlm::spec::ModelSpec& spec) {
+  try {
+    vlm::model::load_weights(path, spec, 0);
+  } catch (const vlm::DataError& e) {
+    CATCH_CHECK(e.code() == vlm::ExitCode::kData);
+    return {e.what(), e.where().file};
+  }
+  return {"no error", ""};
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("weights: integer dtypes and non-finite values are refused at the tensor",
+                "[weights]") {
+  vlm::test::TempDir dir("weights-values");
+  const std::string path = (dir / "model.safetensors").string();
+  const TensorMap good = canonical_weights(kTiny);
+
+  // An integer tensor of the right shape: copy_ would have converted it silently.
+  TensorMap bad = good;
+  bad["decoder.norm.weight"] = torch::ones({128}, torch::kInt32);
+  vlm::model::save_safetensors(path, bad);
+  auto [message, file] = load_error_at(path, kTiny);
+  CATCH_CHECK(file == path);
+  CATCH_CHECK_THAT(message, Catch::Contains("tensor 'decoder.norm.weight' has dtype I32 [128]; "
+                                            "weights must be floating point"));
+  bad["decoder.norm.weight"] = torch::ones({128}, torch::kBool);
+  vlm::model::save_safetensors(path, bad);
+  CATCH_CHECK_THAT(load_error_at(path, kTiny).first, Catch::Contains("has dtype BOOL"));
+
+  // NaN and infinity, in fp32 and in bf16 storage.
+  bad = good;  // the maps share tensors: every tensor changed below is a copy first
+  bad["MP.proj.weight"] = good.at("MP.proj.weight").clone();
+  bad["MP.proj.weight"][3][7] = std::nan("");
+  vlm::model::save_safetensors(path, bad);
+  std::tie(message, file) = load_error_at(path, kTiny);
+  CATCH_CHECK(file == path);
+  CATCH_CHECK_THAT(message, Catch::Contains("tensor 'MP.proj.weight' holds 1 non-finite values "
+                                            "(1 NaN, 0 infinite) of 32768"));
+  bad = good;
+  bad["vision_encoder.layer_norm.bias"] =
+      good.at("vision_encoder.layer_norm.bias").to(torch::kBFloat16);
+  bad["vision_encoder.layer_norm.bias"][0] = -INFINITY;
+  bad["vision_encoder.layer_norm.bias"][1] = INFINITY;
+  vlm::model::save_safetensors(path, bad);
+  CATCH_CHECK_THAT(load_error_at(path, kTiny).first,
+                   Catch::Contains("'vision_encoder.layer_norm.bias' holds 2 non-finite values "
+                                   "(0 NaN, 2 infinite)"));
+  vlm::model::save_safetensors(path, good);
+  CATCH_CHECK(load_error_at(path, kTiny).first == "no error");
+
+  // Hugging Face layouts: as_float32 leaves an integer tensor as it is; the check names the
+  // file's own tensor name, and the shard that holds it.
+  TensorMap hf = smollm_checkpoint(kTiny.language);
+  hf["model.layers.2.mlp.up_proj.weight"] =
+      hf["model.layers.2.mlp.up_proj.weight"].to(torch::kInt16);
+  TensorMap first;
+  TensorMap second;
+  std::string weight_map;
+  for (const auto& [name, tensor] : hf) {
+    const bool in_first = name < "model.layers.2";
+    (in_first ? first : second)[name] = tensor;
+    weight_map += std::string(weight_map.empty() ? "" : ",") + "\"" + name + "\":\"" +
+                  (in_first ? "a.safetensors" : "b.safetensors") + "\"";
+  }
+  vlm::model::save_safetensors((dir / "a.safetensors").string(), first);
+  vlm::model::save_safetensors((dir / "b.safetensors").string(), second);
+  const auto index = vlm::test::write_file(dir / "model.safetensors.index.json",
+                                           R"({"weight_map":{)" + weight_map + "}}");
+  std::tie(message, file) = load_error_at(index, kTiny);
+  CATCH_CHECK(file == (dir / "b.safetensors").string());
+  CATCH_CHECK_THAT(message,
+                   Catch::Contains("tensor 'model.layers.2.mlp.up_proj.weight' has dtype I16"));
+
+  // What a layout ignores by design is not a weight: old SigLIP exports' I64 position_ids.
+  TensorMap siglip = siglip_checkpoint(kTiny.vision);
+  siglip["vision_model.embeddings.position_ids"] = torch::arange(16, torch::kInt64).unsqueeze(0);
+  const std::string siglip_path = (dir / "siglip.safetensors").string();
+  vlm::model::save_safetensors(siglip_path, siglip);
+  CATCH_CHECK(load_error_at(siglip_path, kTiny).first == "no error");
+  siglip["vision_model.post_layernorm.bias"][0] = std::nan("");
+  vlm::model::save_safetensors(siglip_path, siglip);
+  CATCH_CHECK_THAT(load_error_at(siglip_path, kTiny).first,
+                   Catch::Contains("tensor 'vision_model.post_layernorm.bias' holds 1 non-finite"));
+}

@@ -86,6 +86,33 @@ TEST_CASE("file structure errors") {
   CHECK_THAT(load_error(dir, json), Contains("unexpected structure"));
 }
 
+TEST_CASE("token ids past 2^30, past int64 or written as floats are refused, not truncated") {
+  // get<int32_t>() truncated 2^32 + 300 to 300 in added_tokens; a float id was undefined.
+  TempDir dir;
+  const auto with_id = [](nlohmann::json json, const std::string& id_text) {
+    std::string text = json.dump();
+    const std::string placeholder = "\"@ID@\"";
+    text.replace(text.find(placeholder), placeholder.size(), id_text);
+    return text;
+  };
+  for (const std::string id :
+       {"4294967596", "1e20", "18446744073709551616", "18446744073709551615", "-1", "300.5"}) {
+    INFO(id);
+    auto json = valid_json();
+    json["model"]["vocab"]["x"] = "@ID@";
+    CHECK_THAT(load_error(dir, with_id(json, id)),
+               Contains("model.vocab[\"x\"] is ") && Contains("expected an id in [0, 2^30)"));
+    json = valid_json();
+    json["added_tokens"] = {added_token("<a>", 300), added_token("<x>", 301)};
+    json["added_tokens"][1]["id"] = "@ID@";
+    CHECK_THAT(load_error(dir, with_id(json, id)),
+               Contains("added_tokens[1].id is ") && Contains("expected an id in [0, 2^30)"));
+  }
+  auto json = valid_json();
+  json["added_tokens"] = {added_token("<x>", 301)};
+  CHECK(load_error(dir, json).empty());
+}
+
 TEST_CASE("merge errors") {
   TempDir dir;
   auto json = valid_json();

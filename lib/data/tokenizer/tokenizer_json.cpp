@@ -159,6 +159,18 @@ BpeModel::Merge parse_merge(const std::string& path, const json& merge, std::siz
                  ", expected \"left right\" or [\"left\", \"right\"]");
 }
 
+// A token id: a JSON integer in [0, 2^30). A float (1e20), a number past int64 (parsed as a
+// float or as an unsigned that get<int64_t> would wrap) or a larger one (2^32 + 300, which
+// get<int32_t> would truncate to 300) is refused, naming `what` (the entry's place).
+int32_t token_id(const std::string& path, const std::string& what, const json& id_json) {
+  const bool in_range =
+      (id_json.is_number_unsigned() && id_json.get<uint64_t>() < (uint64_t{1} << 30)) ||
+      (id_json.is_number_integer() && !id_json.is_number_unsigned() &&
+       id_json.get<int64_t>() >= 0 && id_json.get<int64_t>() < (int64_t{1} << 30));
+  if (!in_range) fail(path, what + " is " + id_json.dump() + ", expected an id in [0, 2^30)");
+  return static_cast<int32_t>(id_json.get<int64_t>());
+}
+
 std::unordered_map<std::string, int32_t> parse_vocab(const std::string& path, const json& model) {
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
     fail(path, "model.vocab is missing or not an object of token -> id");
@@ -166,12 +178,7 @@ std::unordered_map<std::string, int32_t> parse_vocab(const std::string& path, co
   std::unordered_map<std::string, int32_t> vocab;
   std::unordered_map<int32_t, std::string> owner;
   for (const auto& [token, id_json] : model["vocab"].items()) {
-    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() >= (int64_t{1} << 30)) {
-      fail(path,
-           "model.vocab[\"" + token + "\"] is " + id_json.dump() + ", expected an id in [0, 2^30)");
-    }
-    const auto id = id_json.get<int32_t>();
+    const int32_t id = token_id(path, "model.vocab[\"" + token + "\"]", id_json);
     const auto [it, fresh] = owner.emplace(id, token);
     if (!fresh) {
       fail(path, "model.vocab gives id " + std::to_string(id) + " to both \"" + it->second +
@@ -233,14 +240,16 @@ std::string token_bytes(const std::string& token, const BpeOptions& options) {
 std::vector<AddedToken> parse_added_tokens(const std::string& path, const json& root) {
   std::vector<AddedToken> tokens;
   if (!root.contains("added_tokens") || root["added_tokens"].is_null()) return tokens;
-  for (const json& entry : root["added_tokens"]) {
+  if (!root["added_tokens"].is_array()) fail(path, "added_tokens must be an array");
+  for (std::size_t i = 0; i < root["added_tokens"].size(); ++i) {
+    const json& entry = root["added_tokens"][i];
     AddedToken token;
-    token.id = entry.at("id").get<int32_t>();
+    token.id = token_id(path, "added_tokens[" + std::to_string(i) + "].id", entry.at("id"));
     token.content = entry.at("content").get<std::string>();
     token.special = flag(entry, "special", false);
     token.lstrip = flag(entry, "lstrip", false);
     token.rstrip = flag(entry, "rstrip", false);
-    if (token.content.empty() || token.id < 0 || token.id >= (1 << 30)) {
+    if (token.content.empty()) {
       fail(path, "added_tokens entry " + entry.dump() +
                      " needs a non-empty content and an id in [0, 2^30)");
     }

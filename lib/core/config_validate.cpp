@@ -113,7 +113,9 @@ void check_images_and_packing(const Config& c, Checker& check) {
 
 void check_memory(const Config& c, Checker& check) {
   const std::string& budget = c.memory.device_memory;
-  if (budget == "auto" || parse_bytes(budget) || find_gpu(budget)) return;
+  // An exact name: containment (find_gpu) is for names CUDA reports, and would take
+  // "A100-80G" for the A100-40GB or "H100-999GB" for the H100-80GB.
+  if (budget == "auto" || parse_bytes(budget) || find_gpu_by_name(budget)) return;
   const std::string near = closest_match(budget, gpu_names());
   check.require(false, "memory.device_memory",
                 "memory.device_memory = '" + budget +

@@ -33,7 +33,7 @@ const std::vector<GpuInfo>& gpu_catalog() {
   return catalog;
 }
 
-std::optional<GpuInfo> find_gpu(const std::string& name) {
+std::optional<GpuInfo> find_gpu_by_name(const std::string& name) {
   const std::string wanted = lower(name);
   for (const auto& gpu : gpu_catalog()) {
     if (lower(gpu.name) == wanted) return gpu;
@@ -41,6 +41,12 @@ std::optional<GpuInfo> find_gpu(const std::string& name) {
       if (alias == wanted) return gpu;
     }
   }
+  return std::nullopt;
+}
+
+std::optional<GpuInfo> find_gpu(const std::string& name) {
+  if (auto exact = find_gpu_by_name(name)) return exact;
+  const std::string wanted = lower(name);
   // A device name as CUDA reports it: the most specific (longest) contained alias wins.
   std::optional<GpuInfo> best;
   size_t best_length = 0;

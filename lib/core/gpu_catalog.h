@@ -23,8 +23,12 @@ struct GpuInfo {
 
 const std::vector<GpuInfo>& gpu_catalog();
 
-// Case-insensitive lookup by canonical name or alias; a device name reported by CUDA
-// ("NVIDIA H100 80GB HBM3") also matches by containment of an alias.
+// Case-insensitive exact lookup by canonical name or alias: for names a user writes
+// (memory.device_memory), where "A100-80G" or "H100-999GB" must not pass for a known GPU.
+std::optional<GpuInfo> find_gpu_by_name(const std::string& name);
+
+// find_gpu_by_name, else, for a device name as CUDA reports it ("NVIDIA H100 80GB HBM3"), the
+// GPU whose alias it contains (the longest such alias wins).
 std::optional<GpuInfo> find_gpu(const std::string& name);
 
 std::vector<std::string> gpu_names();

@@ -218,6 +218,19 @@ TEST_CASE("cross-field checks: errors at the offending key, warnings with the re
         "a known GPU (did you mean 'H100-80GB'?)");
   CHECK(error_of("memory:\n  device_memory: 80GiB\n") == "no error");
   CHECK(error_of("memory:\n  device_memory: A100-80GB\n") == "no error");
+  // A name is looked up exactly (canonical or alias, any case): containment of an alias
+  // ("a100", "h100") is only for device names as CUDA reports them.
+  CHECK(error_of("memory:\n  device_memory: a100-80gb\n") == "no error");
+  CHECK(error_of("memory:\n  device_memory: nvidia h100 80gb hbm3\n") == "no error");
+  CHECK(error_of("memory:\n  device_memory: H100\n") == "no error");
+  CHECK(error_of("memory:\n  device_memory: A100-80G\n") ==
+        "FILE:2:18: memory.device_memory = 'A100-80G' is neither auto, a size (\"80GiB\") nor "
+        "a known GPU (did you mean 'A100-80GB'?)");
+  CHECK(error_of("memory:\n  device_memory: H100-999GB\n")
+            .rfind("FILE:2:18: memory.device_memory = 'H100-999GB' is neither auto, a size", 0) ==
+        0);
+  CHECK(error_of("memory:\n  device_memory: my A100 box\n")
+            .rfind("FILE:2:18: memory.device_memory = 'my A100 box' is neither auto", 0) == 0);
 
   TempDir dir;
   // nanoVLM's defaults: 18 images per row, but every image costs >= 325 of 4096 tokens.

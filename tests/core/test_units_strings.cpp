@@ -38,4 +38,10 @@ TEST_CASE("GPUs are found by canonical name, alias and CUDA device name") {
   CHECK(vlm::find_gpu("NVIDIA A100-SXM4-40GB")->name == "A100-40GB");
   CHECK(vlm::find_gpu("NVIDIA H200")->name == "H200-141GB");
   CHECK_FALSE(vlm::find_gpu("Voodoo 2"));
+  // Exact names only: what a user writes in memory.device_memory.
+  CHECK(vlm::find_gpu_by_name("h100-80gb")->name == "H100-80GB");
+  CHECK(vlm::find_gpu_by_name("NVIDIA A100-SXM4-40GB")->name == "A100-40GB");  // an alias
+  CHECK_FALSE(vlm::find_gpu_by_name("A100-80G"));
+  CHECK_FALSE(vlm::find_gpu_by_name("H100-999GB"));
+  CHECK(vlm::find_gpu("H100-999GB")->name == "H100-80GB");  // a CUDA name contains the alias
 }

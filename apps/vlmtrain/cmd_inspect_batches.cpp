@@ -71,6 +71,7 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
         {"config", loaded.source},
         {"source", args.lengths.empty() ? "datasets" : args.lengths},
         {"drops", pipeline->drops().to_json()},
+        {"dropped_fraction", pipeline->dropped_fraction()},
         {"skipped", pipeline->skips()},
         {"throughput",
          {{"seconds", seconds},

@@ -449,6 +449,7 @@ ExitCode Trainer::run() {
                                         {"steps_this_run", state_.step - first_step},
                                         {"skipped_steps", state_.skipped_steps},
                                         {"drops", pipeline_->drops().to_json()},
+                                        {"dropped_fraction", pipeline_->dropped_fraction()},
                                         {"skipped_samples", pipeline_->skips()},
                                         {"memory_prediction", memory_->summary()}});
   if (const std::string line = memory_->summary_line(); !line.empty()) spdlog::info("{}", line);

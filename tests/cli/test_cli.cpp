@@ -124,6 +124,29 @@ std::string tiny_run(const TempDir& dir, const std::string& out, int steps,
          out + "' " + extra;
 }
 
+// inspect-batches over the demo data with data.max_sample_length `max_length`: its JSON and
+// its log.
+std::pair<nlohmann::json, std::string> inspect_demo(const TempDir& dir, int max_length) {
+  const auto data = dir / "demo";
+  if (!std::filesystem::exists(data / "train.jsonl")) {
+    REQUIRE(run_vlmtrain("make-demo-data --out '" + data.string() +
+                         "' --samples 80 --val-samples 0 --seed 5")
+                .exit_code == 0);
+  }
+  const auto r = run_vlmtrain(
+      "inspect-batches --config '" + (vlm::test::source_dir() / "configs/demo.yaml").string() +
+      "' --json --no-decode --steps 2 --set model.preset=tiny --set 'data.train=[{path: " +
+      (data / "train.jsonl").string() +
+      "}]' --set 'data.validation=[]' --set data.max_img_size=128 "
+      "--set packing.max_seq_len=512 --set data.max_sample_length=" +
+      std::to_string(max_length));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto json_start = r.output.find("{\n");
+  REQUIRE(json_start != std::string::npos);
+  return {nlohmann::json::parse(r.output.substr(json_start)), r.output.substr(0, json_start)};
+}
+
 std::vector<nlohmann::json> metrics_records(const std::string& run, const std::string& type) {
   std::vector<nlohmann::json> out;
   std::ifstream in(std::filesystem::path(run) / "metrics.jsonl");
@@ -231,4 +254,24 @@ TEST_CASE("calibrate-memory and memory.calibration refuse bad input with the doc
                             "--set memory.calibration='" + (dir / "missing.json").string() + "'"));
   CHECK(r.exit_code == kUsage);
   CHECK(r.output.find("memory calibration file not found") != std::string::npos);
+}
+
+TEST_CASE("inspect-batches reports the share of samples the limits dropped") {
+  TempDir dir;
+  const auto [all, all_log] = inspect_demo(dir, 512);
+  REQUIRE(all.contains("dropped_fraction"));
+  CHECK(all["dropped_fraction"].get<double>() == 0.0);
+  CHECK(all_log.find("dropped by the limits") == std::string::npos);
+  // Only the shortest demo samples fit 80 tokens: most are dropped, the report and the log
+  // say so (the log once, naming the limit).
+  const auto [most, most_log] = inspect_demo(dir, 80);
+  int64_t dropped = 0;
+  for (const auto& [reason, count] : most["drops"].items()) dropped += count.get<int64_t>();
+  CHECK(dropped == most["drops"]["too_long"].get<int64_t>());
+  const double fraction = most["dropped_fraction"].get<double>();
+  CHECK(fraction > 0.5);
+  CHECK(fraction < 1.0);
+  CHECK(most_log.find("% of the samples are dropped by the limits") != std::string::npos);
+  CHECK(most_log.find("most by too_long (") != std::string::npos);
+  CHECK(most_log.find(", data.max_sample_length): raise it") != std::string::npos);
 }

@@ -7,6 +7,9 @@
 #include <set>
 #include <sstream>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include "core/config_io.h"
 #include "data/batch/host_batch.h"
 #include "data/batch/loader.h"
@@ -356,6 +359,79 @@ TEST_CASE("a training set whose every sample is skipped stops, even when skips a
   auto pipeline = setup.training_pipeline();
   CHECK_THROWS_WITH(pipeline->next_step(),
                     Catch::Matchers::Contains("none of the 30 samples of the training data"));
+}
+
+namespace {
+
+// Records what spdlog logs while it lives.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return text_.str(); }
+  size_t count(const std::string& needle) const {
+    const std::string all = text();
+    size_t n = 0;
+    for (size_t at = all.find(needle); at != std::string::npos; at = all.find(needle, at + 1)) ++n;
+    return n;
+  }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// `fit` short text samples and `too_long` ones over data.max_sample_length (512).
+vlm::Config mixed_lengths_config(const TempDir& dir, int fit, int too_long) {
+  std::string lines;
+  for (int i = 0; i < fit; ++i) {
+    lines += R"({"texts": [{"user": "q", "assistant": "a"}]})"
+             "\n";
+  }
+  for (int i = 0; i < too_long; ++i) {
+    lines += R"({"texts": [{"user": "q", "assistant": ")" + std::string(600, 'x') + "\"}]}\n";
+  }
+  const auto path = write_file(dir / "mixed.jsonl", lines);
+  return vlm::load_config("", {"data.train=[{path: " + path + "}]", "packing.max_seq_len=512",
+                               "data.max_sample_length=512", "packing.buffer_samples=8"})
+      .config;
+}
+
+}  // namespace
+
+TEST_CASE("most samples dropped by the limits: one warning naming the limit, and the fraction") {
+  TempDir dir;
+  const vlm::Config config = mixed_lengths_config(dir, 10, 30);  // DataSetup keeps a reference
+  DataSetup setup(config, 1);
+  auto pipeline = setup.training_pipeline();
+  CHECK(pipeline->dropped_fraction() == 0.0);
+  LogCapture log;
+  for (int step = 0; step < 5; ++step) REQUIRE(pipeline->next_step());
+  INFO(log.text());
+  // A whole pass (every sample at least once) was seen before the warning.
+  CHECK(log.count("% of the samples are dropped by the limits") == 1);
+  CHECK(log.count("most by too_long (") == 1);
+  CHECK(log.count("data.max_sample_length): raise it or check the data") == 1);
+  const int64_t dropped = pipeline->drops().total();
+  const int64_t seen = dropped + pipeline->samples_kept();
+  CHECK(seen >= 40);
+  CHECK(pipeline->dropped_fraction() == Approx(double(dropped) / double(seen)));
+  CHECK(pipeline->dropped_fraction() > 0.5);
+}
+
+TEST_CASE("fewer than half of the samples dropped: no warning") {
+  TempDir dir;
+  const vlm::Config config = mixed_lengths_config(dir, 30, 10);  // DataSetup keeps a reference
+  DataSetup setup(config, 1);
+  auto pipeline = setup.training_pipeline();
+  LogCapture log;
+  for (int step = 0; step < 5; ++step) REQUIRE(pipeline->next_step());
+  CHECK(log.count("dropped by the limits") == 0);
+  CHECK(pipeline->dropped_fraction() > 0.0);
+  CHECK(pipeline->dropped_fraction() < 0.5);
 }
 
 TEST_CASE("a heavily weighted dataset that never fits does not hide a light one that does") {

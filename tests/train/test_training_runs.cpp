@@ -134,7 +134,17 @@ CATCH_TEST_CASE("the loss falls and the run writes metrics, config and a complet
   CATCH_CHECK(steps.front()["memory/peak_allocated_bytes"].get<int64_t>() > 0);
   CATCH_CHECK(fs::exists(out / "config.yaml"));
   CATCH_CHECK(fs::exists(last_checkpoint(out.path()) / "COMPLETE.json"));
-  CATCH_CHECK(records(out.path(), "summary").size() == 1);
+  const auto summary = records(out.path(), "summary");
+  CATCH_REQUIRE(summary.size() == 1);
+  // What the limits dropped, as a share of the samples that reached them (docs/metrics.md).
+  const auto& drops = summary[0]["drops"];
+  int64_t dropped = 0;
+  for (const auto& [reason, count] : drops.items()) dropped += count.get<int64_t>();
+  CATCH_REQUIRE(summary[0]["dropped_fraction"].is_number());
+  const double fraction = summary[0]["dropped_fraction"].get<double>();
+  CATCH_CHECK(fraction >= 0.0);
+  CATCH_CHECK(fraction < 0.5);
+  CATCH_CHECK((dropped == 0) == (fraction == 0.0));
 }
 
 CATCH_TEST_CASE("gradient accumulation does not change the result (B=4 x GA=1 vs B=1 x GA=4)") {

@@ -204,7 +204,18 @@ std::string BatchReport::to_text(const nlohmann::json& extra, bool unicode) cons
       << " crops per micro-batch within the token budget (" << t["crops_per_pack"]
       << " per row); the naive bound batch x images x crops is " << t["naive_crops_per_micro_batch"]
       << "\n";
-  if (extra.contains("drops")) out << "\ndropped samples: " << extra["drops"].dump() << "\n";
+  if (extra.contains("drops")) {
+    out << "\ndropped samples: " << extra["drops"].dump();
+    if (extra.contains("dropped_fraction") && extra["dropped_fraction"].is_number()) {
+      const double pct = 100.0 * extra["dropped_fraction"].get<double>();
+      char text[64];
+      std::snprintf(text, sizeof(text), " (%.1f%% of the samples seen)", pct);
+      out << text;
+      if (pct > 50.0)
+        out << "\nWARNING: most samples are dropped by the limits; raise the one that binds";
+    }
+    out << "\n";
+  }
   if (extra.contains("skipped")) out << "skipped (malformed): " << extra["skipped"].dump() << "\n";
   if (extra.contains("throughput")) out << "throughput: " << extra["throughput"].dump() << "\n";
   return out.str();

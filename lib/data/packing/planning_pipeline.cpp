@@ -1,5 +1,8 @@
 #include "data/packing/planning_pipeline.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -21,10 +24,13 @@ std::optional<Pack> PlanningPipeline::next_pack() {
     std::optional<PackItem> item = source_->next();
     if (!item) {
       source_done_ = true;
+      warn_if_mostly_dropped();
       packer_.finish();
       continue;
     }
-    if (filter_.keep(*item)) {
+    const bool keep = filter_.keep(*item);
+    warn_if_mostly_dropped();
+    if (keep) {
       dropped_in_a_row_ = 0;
       packer_.push(*item);
       continue;
@@ -34,6 +40,45 @@ std::optional<Pack> PlanningPipeline::next_pack() {
     const uint64_t pass = source_->pass_size();
     if (pass > 0 && ++dropped_in_a_row_ >= pass) no_sample_fits();
   }
+}
+
+double PlanningPipeline::dropped_fraction() const {
+  const int64_t dropped = filter_.drops().total();
+  const int64_t seen = dropped + filter_.kept();
+  return seen > 0 ? static_cast<double>(dropped) / static_cast<double>(seen) : 0.0;
+}
+
+void PlanningPipeline::warn_if_mostly_dropped() {
+  if (warned_mostly_dropped_) return;
+  const int64_t dropped = filter_.drops().total();
+  const int64_t seen = dropped + filter_.kept();
+  const uint64_t pass = source_->pass_size();
+  const bool whole_pass = pass > 0 ? static_cast<uint64_t>(seen) >= pass : source_done_;
+  if (!whole_pass || seen == 0 || 2 * dropped <= seen) return;
+  // An endless source with nothing kept is about to stop with no_sample_fits() instead.
+  if (pass > 0 && filter_.kept() == 0) return;
+  warned_mostly_dropped_ = true;
+  // The limit that dropped the most samples binds.
+  static constexpr struct {
+    DropReason reason;
+    const char* key;
+  } kLimits[] = {
+      {DropReason::kTooLong, "data.max_sample_length"},
+      {DropReason::kTooManyImages, "data.max_images_per_example"},
+      {DropReason::kExceedsMaxSeqLen, "packing.max_seq_len"},
+      {DropReason::kExceedsMaxImagesPerKnapsack, "packing.max_images_per_knapsack"},
+      {DropReason::kExceedsMaxCropsPerPack,
+       "packing.max_crops_per_pack (or train.max_crops_per_micro_batch)"},
+  };
+  const auto& binding = *std::max_element(
+      std::begin(kLimits), std::end(kLimits), [this](const auto& a, const auto& b) {
+        return filter_.drops().count(a.reason) < filter_.drops().count(b.reason);
+      });
+  spdlog::warn(
+      "{:.1f}% of the samples are dropped by the limits: {} of the {} seen so far {}; most by "
+      "{} ({} samples, {}): raise it or check the data",
+      100.0 * dropped_fraction(), dropped, seen, filter_.drops().to_json().dump(),
+      drop_reason_name(binding.reason), filter_.drops().count(binding.reason), binding.key);
 }
 
 void PlanningPipeline::no_sample_fits() const {

@@ -50,6 +50,9 @@ class PlanningPipeline {
     return source_->skips() ? source_->skips()->to_json() : nlohmann::json::object();
   }
   int64_t samples_kept() const { return filter_.kept(); }
+  // Of the samples that reached the limits (kept + dropped, malformed ones aside), the share
+  // dropped; 0 before any.
+  double dropped_fraction() const;
   const PlanningOptions& options() const { return options_; }
 
   nlohmann::json cursor() const;
@@ -60,6 +63,9 @@ class PlanningPipeline {
   std::vector<uint64_t> in_flight_ids() const;
   std::vector<PackItem> in_flight_items() const;
   void check_restored_in_flight() const;
+  // Once a whole pass (or a finite source) has reached the limits: one warning when most of
+  // it was dropped, naming the limit that dropped the most.
+  void warn_if_mostly_dropped();
 
   std::unique_ptr<ItemSource> source_;
   PlanningOptions options_;
@@ -74,6 +80,7 @@ class PlanningPipeline {
   // of them (by tokens), for the error when a whole pass of an endless source is dropped.
   uint64_t dropped_in_a_row_ = 0;
   std::optional<PackItem> smallest_dropped_;
+  bool warned_mostly_dropped_ = false;
 };
 
 }  // namespace vlm::data

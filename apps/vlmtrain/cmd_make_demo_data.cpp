@@ -7,6 +7,8 @@
 namespace vlm::app {
 namespace {
 
+constexpr int64_t kMaxDemoSamples = 1'000'000;
+
 struct DemoArgs {
   std::string out_dir;
   int64_t samples = 2000;
@@ -21,9 +23,11 @@ Command add_make_demo_data_command(CLI::App& root, const GlobalOptions&) {
   CLI::App* cmd = root.add_subcommand(
       "make-demo-data", "Write the demo dataset: shapes and colours VQA with real images");
   cmd->add_option("--out", args->out_dir, "Output directory")->required();
-  cmd->add_option("--samples", args->samples, "Training samples")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--val-samples", args->val_samples, "Validation samples")
-      ->check(CLI::NonNegativeNumber);
+  // Each sample writes 0-4 image files of a few KiB: 10^6 samples are several GB already.
+  cmd->add_option("--samples", args->samples, "Training samples, 0 to 10^6")
+      ->check(CLI::Range(int64_t{0}, kMaxDemoSamples));
+  cmd->add_option("--val-samples", args->val_samples, "Validation samples, 0 to 10^6")
+      ->check(CLI::Range(int64_t{0}, kMaxDemoSamples));
   cmd->add_option("--seed", args->seed, "Seed: the same seed writes the same bytes")
       ->check(CLI::NonNegativeNumber);
   return {cmd, [args] {

@@ -70,6 +70,34 @@ TEST_CASE("config --print prints the resolved config; bad configs exit with the 
   check_one_line_error(r, "expected an integer, got 'abc'");
 }
 
+TEST_CASE("numeric flags out of range are usage errors before any work starts") {
+  // No config is needed: each is refused while the command line is parsed, in well under a
+  // second, where --ranks 1000000000 used to plan a billion ranks' micro-batches.
+  auto r = run_vlmtrain("inspect-batches --ranks 1000000000");
+  CHECK(r.exit_code == kUsage);
+  check_one_line_error(r, "--ranks: Value 1000000000 not in range 1 to 65536");
+  r = run_vlmtrain("inspect-batches --steps 0");
+  CHECK(r.exit_code == kUsage);
+  check_one_line_error(r, "--steps: Value 0 not in range 1 to 10000000");
+  r = run_vlmtrain("inspect-batches --steps 99999999999999999999");
+  CHECK(r.exit_code == kUsage);
+  check_one_line_error(r, "--steps");
+  r = run_vlmtrain("inspect-batches --steps -5");
+  CHECK(r.exit_code == kUsage);
+  check_one_line_error(r, "--steps");
+  TempDir dir;
+  const std::string out = (dir / "demo").string();
+  r = run_vlmtrain("make-demo-data --out '" + out + "' --samples 1000001");
+  CHECK(r.exit_code == kUsage);
+  check_one_line_error(r, "--samples: Value 1000001 not in range 0 to 1000000");
+  r = run_vlmtrain("make-demo-data --out '" + out + "' --val-samples 99999999999");
+  CHECK(r.exit_code == kUsage);
+  check_one_line_error(r, "--val-samples: Value 99999999999 not in range 0 to 1000000");
+  r = run_vlmtrain("make-demo-data --out '" + out + "' --samples -1");
+  CHECK(r.exit_code == kUsage);
+  CHECK_FALSE(std::filesystem::exists(out));  // refused before anything was written
+}
+
 TEST_CASE("config --schema lists keys, with --json machine-readable") {
   auto r = run_vlmtrain("config --schema");
   CHECK(r.exit_code == 0);

@@ -1,0 +1,284 @@
+// vlmtrain estimate-memory: the predicted peak memory of a training step for the config's
+// heaviest micro-batch (and, with data, its typical ones), set against a GPU or a budget, with
+// the limit that really binds and the settings that would fit (docs/estimate-memory.md).
+// Metadata only: no torch initialisation, no image decoding.
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "core/error.h"
+#include "core/gpu_catalog.h"
+#include "core/logging.h"
+#include "core/strings.h"
+#include "core/units.h"
+#include "data/data_setup.h"
+#include "estimate/report.h"
+#include "runtime/torch_info.h"
+
+namespace vlm::app {
+namespace {
+
+struct EstimateArgs {
+  std::string gpu;
+  std::string budget;
+  int64_t ranks = 1;
+  bool data = false;
+  std::string lengths;
+  int64_t steps = 100;
+  std::string torch;
+  bool json = false;
+  bool check = false;
+};
+
+memory::TorchVersion torch_of(const EstimateArgs& args) {
+  const std::string text = args.torch.empty() ? runtime::torch_version() : args.torch;
+  const auto version = memory::parse_torch_version(text);
+  if (!version) {
+    throw UsageError("--torch " + text + ": not a LibTorch version (major.minor, e.g. 2.4)");
+  }
+  return *version;
+}
+
+GpuInfo gpu_named(const std::string& name, const std::string& where) {
+  const auto gpu = find_gpu_by_name(name);
+  if (!gpu) {
+    throw UsageError(where + " '" + name + "' is not a GPU of the catalog (" +
+                     join(gpu_names(), ", ") + "); give its memory with --budget instead");
+  }
+  return *gpu;
+}
+
+// Where a budget without a named GPU runs: the config's train.device, `auto` meaning CUDA when
+// this binary is built with it.
+bool budget_on_cuda(const Config& config) {
+  if (config.train.device == "auto") {
+#ifdef VLM_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  }
+  return config.train.device == "cuda";
+}
+
+estimate::Target cuda_target(const GpuInfo& gpu, int64_t memory_bytes, const std::string& label,
+                             const memory::TorchVersion& torch, const EstimateArgs& args,
+                             const Config& config) {
+  estimate::Target t;
+  t.label = label;
+  t.device = memory::DeviceTarget::cuda_device(gpu, torch, args.ranks);
+  t.memory_bytes = memory_bytes;
+  t.safety_margin = config.memory.safety_margin;
+  return t;
+}
+
+// The target of --gpu, --budget or memory.device_memory; nullopt: none given.
+std::optional<estimate::Target> chosen_target(const EstimateArgs& args, const Config& config,
+                                              const memory::TorchVersion& torch) {
+  if (!args.gpu.empty()) {
+    const GpuInfo gpu = gpu_named(args.gpu, "--gpu");
+    return cuda_target(gpu, gpu.memory_bytes, gpu.name, torch, args, config);
+  }
+  std::string budget = args.budget;
+  std::string where = "--budget";
+  if (budget.empty() && config.memory.device_memory != "auto") {
+    budget = config.memory.device_memory;
+    where = "memory.device_memory";
+  }
+  if (!budget.empty()) {
+    if (const auto bytes = parse_bytes(budget)) {
+      if (*bytes <= 0) throw UsageError(where + " " + budget + ": a budget must be positive");
+      if (budget_on_cuda(config)) {
+        GpuInfo unknown;
+        unknown.name = "cuda";
+        return cuda_target(unknown, *bytes, where + " " + budget, torch, args, config);
+      }
+      estimate::Target t;
+      t.label = where + " " + budget;
+      t.device = memory::DeviceTarget::cpu();
+      t.device.torch = torch;
+      t.memory_bytes = *bytes;
+      t.safety_margin = config.memory.safety_margin;
+      return t;
+    }
+    const GpuInfo gpu = gpu_named(budget, where);
+    return cuda_target(gpu, gpu.memory_bytes, gpu.name, torch, args, config);
+  }
+  if (!budget_on_cuda(config) && config.memory.simulate_device_bytes.bytes > 0) {
+    estimate::Target t;
+    t.label = "memory.simulate_device_bytes";
+    t.device = memory::DeviceTarget::cpu();
+    t.device.torch = torch;
+    t.memory_bytes = config.memory.simulate_device_bytes.bytes;
+    t.safety_margin = config.memory.safety_margin;
+    return t;
+  }
+  return std::nullopt;
+}
+
+int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
+  if (!args.gpu.empty() && !args.budget.empty()) {
+    throw UsageError("--gpu and --budget: give one target, not both");
+  }
+  if (args.data && !args.lengths.empty()) {
+    throw UsageError("--data and --lengths: give one source of data, not both");
+  }
+  const LoadedConfig loaded = load_config_and_logging(global, false);
+  const Config& config = loaded.config;
+  const memory::TorchVersion torch = torch_of(args);
+  const std::optional<estimate::Target> target = chosen_target(args, config, torch);
+  if (args.check && !target) {
+    throw UsageError("--check needs a target: --gpu, --budget or memory.device_memory");
+  }
+
+  estimate::Report report;
+  report.config = loaded.source;
+  report.resolved = config;
+  report.ranks = args.ranks;
+  report.torch = torch.str();
+  report.targeted = target.has_value();
+  const bool cuda = target ? target->device.cuda : true;  // no target: the catalog's GPUs
+  report.worst = estimate::estimate_worst_case(config, cuda);
+  if (const std::string why = estimate::unmodelled_torch(torch); !why.empty()) {
+    report.worst.modelled = false;
+    report.worst.why_not = why;
+  }
+
+  std::optional<CalibrationFile> calibration;
+  if (!config.memory.calibration.empty()) {
+    calibration = read_calibration_file(config.memory.calibration);
+  }
+  const auto calibrated = [&](const memory::DeviceTarget& device) {
+    return estimate::calibration_for(calibration ? &*calibration : nullptr,
+                                     config.memory.calibration, device);
+  };
+
+  // Planned micro-batches from the data: the config's datasets or a length stream. The setups
+  // stay alive as long as their pipelines (a dataset source reads through its builder).
+  auto setups = std::make_shared<std::vector<std::unique_ptr<data::DataSetup>>>();
+  estimate::PlanFactory plan;
+  if (args.data) {
+    plan = [setups, ranks = args.ranks](const Config& c) {
+      setups->push_back(std::make_unique<data::DataSetup>(c, ranks));
+      return setups->back()->training_pipeline();
+    };
+  } else if (!args.lengths.empty()) {
+    plan = [path = args.lengths, ranks = args.ranks](const Config& c) {
+      return data::length_pipeline(c, ranks, path);
+    };
+  }
+  if (plan && report.worst.modelled) {
+    std::unique_ptr<data::PlanningPipeline> pipeline = plan(config);
+    report.typical = estimate::estimate_typical(report.worst.spec, *pipeline, args.steps);
+    report.typical_source = args.data ? "datasets" : args.lengths;
+  }
+
+  const auto result_for = [&](const estimate::Target& t) {
+    estimate::TargetResult r;
+    r.target = t;
+    r.calibration = calibrated(t.device);
+    if (report.worst.modelled) {
+      r.verdict = estimate::verdict(report.worst.spec, report.worst.step, t, r.calibration.corrections);
+      if (report.typical) {
+        std::vector<int64_t> peaks;
+        for (size_t k = 0; k < report.typical->shapes.size(); ++k) {
+          const estimate::StepPeak step{
+              memory::predict_step(report.worst.spec, {report.typical->shapes[k]}, {true, true}),
+              {true, true}};
+          peaks.push_back(estimate::verdict(report.worst.spec, step, t, r.calibration.corrections)
+                              .peak_bytes);
+        }
+        r.typical = estimate::distribution(peaks);
+      }
+    } else {
+      r.verdict.budget_bytes = t.budget_bytes();
+    }
+    return r;
+  };
+  if (target) {
+    report.targets.push_back(result_for(*target));
+  } else {
+    for (const GpuInfo& gpu : gpu_catalog()) {
+      report.targets.push_back(
+          result_for(cuda_target(gpu, gpu.memory_bytes, gpu.name, torch, args, config)));
+    }
+  }
+
+  if (target && report.worst.modelled) {
+    estimate::RecommendOptions options;
+    options.config_path = loaded.source;
+    options.overrides = global.overrides;
+    options.target = *target;
+    options.corrections = report.targets.front().calibration.corrections;
+    options.plan = plan;
+    options.plan_resizes_images = args.data;
+    report.recommendations = estimate::recommend(config, report.worst,
+                                                 report.targets.front().verdict, options);
+  }
+
+  report.caveats.push_back(
+      "the worst case fills every row with one sample of packing.max_seq_len tokens whose "
+      "non-image tokens all carry a label: an upper bound of what the limits allow");
+  if (!torch.at_least(2, 0) && cuda) {
+    report.caveats.push_back(
+        "LibTorch " + torch.str() + " computes attention in full: every ViT block keeps its "
+        "crops' score matrices and every decoder block its samples' (the fused kernels of "
+        "LibTorch >= 2.0 keep none); --torch names the target's version");
+  }
+  if (args.ranks > 1) {
+    report.caveats.push_back(
+        "with " + std::to_string(args.ranks) +
+        " ranks the gradient all-reduce keeps up to two buckets of gradients in flight, which "
+        "the prediction does not include yet (docs/memory.md)");
+  }
+  if (config.train.precision == "fp16") {
+    report.caveats.push_back("fp16's loss-scaler state (a few bytes) is not counted");
+  }
+
+  if (args.json) {
+    std::cout << estimate::to_json(report).dump(2) << "\n";
+  } else {
+    std::cout << estimate::to_text(report, /*bars=*/stdout_is_terminal());
+  }
+  if (args.check && target) {
+    if (!report.worst.modelled) {
+      spdlog::warn("estimate-memory --check: the memory model does not cover this config ({}); "
+                   "nothing was checked", report.worst.why_not);
+      return 0;
+    }
+    if (!report.targets.front().verdict.fits) return static_cast<int>(ExitCode::kDoesNotFit);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_estimate_memory_command(CLI::App& root, const GlobalOptions& global) {
+  auto args = std::make_shared<EstimateArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "estimate-memory",
+      "Predict the peak memory of a training step (worst case; with data, typical) and what to "
+      "change to fit a GPU");
+  cmd->add_option("--gpu", args->gpu, "Target GPU by catalog name (e.g. H100-80GB)");
+  cmd->add_option("--budget", args->budget,
+                  "Target memory (e.g. 24GiB) on train.device (auto: CUDA when built with it)");
+  cmd->add_option("--ranks", args->ranks, "Data-parallel ranks, 1 to 65536")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  cmd->add_flag("--data", args->data,
+                "Also plan the configured training datasets (metadata only) for typical peaks");
+  cmd->add_option("--lengths", args->lengths,
+                  "Also plan a length stream (JSONL of {tokens, images, crops, supervised}) for "
+                  "typical peaks");
+  cmd->add_option("--steps", args->steps, "Steps to plan with --data or --lengths, 1 to 10^6")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
+  cmd->add_option("--torch", args->torch,
+                  "LibTorch version of the target (device terms); default: this binary's");
+  cmd->add_flag("--json", args->json, "JSON output (docs/estimate-memory.md)");
+  cmd->add_flag("--check", args->check,
+                "Exit 6 when the worst case does not fit the target (for job scripts)");
+  return {cmd, [args, &global] { return run_estimate(global, *args); }};
+}
+
+}  // namespace vlm::app

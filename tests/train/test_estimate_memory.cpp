@@ -1,0 +1,181 @@
+// estimate-memory against real training runs of the demo model on the CPU (the tracking
+// allocator measures every step): the worst case bounds every measured step peak, and the
+// first recommendation for a budget that is too small trains within that budget.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using vlm::test::run_vlmtrain;
+using vlm::test::TempDir;
+
+namespace {
+
+const fs::path& demo_data() {
+  static TempDir dir("vlmtrain-estimate-data");
+  static const bool written =
+      run_vlmtrain("make-demo-data --out '" + (dir / "demo").string() +
+                   "' --samples 120 --val-samples 4 --seed 11")
+          .exit_code == 0;
+  CATCH_REQUIRE(written);
+  return dir.path();
+}
+
+// The demo model on the demo data at 256-token rows, one thread, on the CPU: the same flags for
+// estimate-memory and train.
+std::string demo_flags(const std::string& extra) {
+  return "--config '" + (vlm::test::source_dir() / "configs/demo.yaml").string() +
+         "' --set 'data.train=[{path: " + (demo_data() / "demo/train.jsonl").string() +
+         "}]' --set data.validation=[] --set packing.max_seq_len=256 "
+         "--set data.max_sample_length=256 --set train.threads=1 --set train.device=cpu "
+         "--set data.workers=1 --set train.eval_every=0 --set train.eval_generate=0 " +
+         extra;
+}
+
+json estimate(const std::string& flags) {
+  const auto r = run_vlmtrain("--log-level off estimate-memory --json " + flags);
+  CATCH_INFO(r.output);
+  CATCH_REQUIRE(r.exit_code == 0);
+  return json::parse(r.output);
+}
+
+std::vector<json> steps_of(const fs::path& run) {
+  std::vector<json> steps;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line);
+    if (j["type"] == "step") steps.push_back(j);
+  }
+  return steps;
+}
+
+void train(const fs::path& out, const std::string& flags, int steps) {
+  const auto r = run_vlmtrain("train " + flags + " --set train.max_steps=" +
+                              std::to_string(steps) + " --set output.dir='" + out.string() + "'");
+  CATCH_INFO(r.output);
+  CATCH_REQUIRE(r.exit_code == 0);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("estimate-memory: the worst case is never below a measured step peak of the "
+                "demo data, fp32 and bf16") {
+  for (const std::string variant : {"", "--set train.precision=bf16 --set train.batch_size=3"}) {
+    CATCH_INFO("variant: " << variant);
+    const std::string flags = demo_flags(variant);
+    const json e = estimate(flags + " --budget 64GiB");
+    CATCH_REQUIRE(e["modelled"] == true);
+    CATCH_CHECK(e["targets"][0]["device"] == "cpu");
+    const int64_t worst = e["peak_bytes"].get<int64_t>();
+    CATCH_CHECK(e["target_peak_bytes"].get<int64_t>() == worst);  // no device terms on the CPU
+    TempDir out;
+    train(out.path(), flags, 10);
+    const auto steps = steps_of(out.path());
+    CATCH_REQUIRE(steps.size() == 10);
+    int64_t highest = 0;
+    for (const json& s : steps) {
+      const int64_t measured = s["memory/peak_allocated_bytes"].get<int64_t>();
+      CATCH_CHECK(measured <= worst);
+      highest = std::max(highest, measured);
+    }
+    // The demo data reaches a good part of its worst case: the bound is not vacuous.
+    CATCH_CHECK(highest * 2 > worst);
+  }
+}
+
+CATCH_TEST_CASE("estimate-memory: the first recommendation for a budget below the worst case "
+                "trains 20 steps within that budget, without an OOM") {
+  const std::string flags = demo_flags("");
+  const int64_t worst = estimate(flags + " --budget 64GiB")["peak_bytes"].get<int64_t>();
+  const int64_t budget = worst * 3 / 4;
+  const std::string target = " --budget " + std::to_string(budget);
+
+  // The config as it is does not fit; --check says so with its own exit code.
+  const auto check = run_vlmtrain("--log-level off estimate-memory --check " + flags + target);
+  CATCH_INFO(check.output);
+  CATCH_CHECK(check.exit_code == static_cast<int>(vlm::ExitCode::kDoesNotFit));
+  CATCH_CHECK(check.output.find("does NOT fit") != std::string::npos);
+
+  const json e = estimate(flags + target);
+  CATCH_CHECK(e["fits"] == false);
+  CATCH_REQUIRE(!e["recommendations"].empty());
+  const json& first = e["recommendations"][0];
+  CATCH_CHECK(first["fits"] == true);
+  const int64_t predicted = first["peak_bytes"].get<int64_t>();
+  CATCH_CHECK(predicted <= e["budget_bytes"].get<int64_t>());
+  std::string applied;
+  for (const auto& s : first["set"]) applied += " --set " + s.get<std::string>();
+  CATCH_INFO("recommendation:" << applied);
+
+  // With the recommendation applied, --check passes...
+  CATCH_CHECK(run_vlmtrain("--log-level off estimate-memory --check " + flags + applied + target)
+                  .exit_code == 0);
+  // ...and 20 steps on a simulated device of that budget never take the OOM path.
+  TempDir out;
+  train(out.path(),
+        flags + applied + " --set memory.simulate_device_bytes=" + std::to_string(budget), 20);
+  const auto steps = steps_of(out.path());
+  CATCH_REQUIRE(steps.size() == 20);
+  for (const json& s : steps) {
+    CATCH_CHECK(s["oom_retries"].get<int64_t>() == 0);
+    CATCH_CHECK(s["memory/peak_allocated_bytes"].get<int64_t>() <= predicted);
+  }
+}
+
+CATCH_TEST_CASE("estimate-memory: bad targets are usage errors naming the flag") {
+  const auto unknown = run_vlmtrain("estimate-memory --gpu H100-999GB");
+  CATCH_CHECK(unknown.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(unknown.output.find("--gpu 'H100-999GB' is not a GPU of the catalog") !=
+              std::string::npos);
+  const auto both = run_vlmtrain("estimate-memory --gpu H100-80GB --budget 10GiB");
+  CATCH_CHECK(both.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(both.output.find("give one target") != std::string::npos);
+  const auto check = run_vlmtrain("estimate-memory --check");
+  CATCH_CHECK(check.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(check.output.find("--check needs a target") != std::string::npos);
+  const auto torch = run_vlmtrain("estimate-memory --gpu H100-80GB --torch latest");
+  CATCH_CHECK(torch.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  // LibTorch 2.x is named as outside the memory model, with the model states still reported.
+  const auto two = run_vlmtrain("--log-level off estimate-memory --json --gpu H100-80GB --torch 2.4");
+  CATCH_REQUIRE(two.exit_code == 0);
+  const json j = json::parse(two.output);
+  CATCH_CHECK(j["modelled"] == false);
+  CATCH_CHECK(j["why_not"].get<std::string>().find("LibTorch 2.4") != std::string::npos);
+  CATCH_CHECK(j["static_bytes"].get<int64_t>() > 0);
+  CATCH_CHECK(j["fits"].is_null());
+}
+
+CATCH_TEST_CASE("estimate-memory uses memory.calibration's entry for the target and says so") {
+  TempDir dir;
+  const std::string file = vlm::test::write_file(dir / "calibration.json", R"({
+  "format": "vlmtrain-memory-calibration",
+  "version": 1,
+  "entries": [
+    {"device": "A100-80GB", "torch": "1.13", "activation_scale": 1.5,
+     "allocated_offset_bytes": 1048576, "fragmentation": 0.05, "cuda_context_bytes": 400000000,
+     "fit": {"run_dir": "runs/a100", "steps": 50, "residual_max_bytes": 0,
+             "residual_median_bytes": 0, "date": "2026-11-23"}}
+  ]
+})");
+  const std::string flags = "--log-level off estimate-memory --gpu A100-80GB --torch 1.13 ";
+  const auto plain = json::parse(run_vlmtrain(flags + "--json").output);
+  const auto calibrated = json::parse(
+      run_vlmtrain(flags + "--json --set memory.calibration='" + file + "'").output);
+  CATCH_CHECK(plain["targets"][0]["calibration"]["entry"].is_null());
+  CATCH_CHECK(calibrated["targets"][0]["calibration"]["entry"]["device"] == "A100-80GB");
+  CATCH_CHECK(calibrated["targets"][0]["calibration"]["uncalibrated"].empty());
+  // A scale of 1.5 on the activations raises the device peak above the uncalibrated one.
+  CATCH_CHECK(calibrated["target_peak_bytes"].get<int64_t>() >
+              plain["target_peak_bytes"].get<int64_t>());
+  const auto text =
+      run_vlmtrain(flags + "--set memory.calibration='" + file + "'").output;
+  CATCH_CHECK(text.find("calibrated: " + file + " (A100-80GB, LibTorch 1.13)") != std::string::npos);
+  CATCH_CHECK(run_vlmtrain(flags).output.find("uncalibrated for A100-80GB / LibTorch 1.13") !=
+              std::string::npos);
+}

@@ -16,10 +16,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "core/config_io.h"
+#include "core/json_depth.h"
 #include "data/data_setup.h"
 #include "data/demo/demo_data.h"
 #include "fuzz_support.h"
@@ -73,9 +73,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::unique_ptr<data::PlanningPipeline> pipeline = g_setup->training_pipeline();
   try {
-    std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));
-    nlohmann::json json;
-    in >> json;
+    // As read_trainer_state (train/training_checkpoint.cpp) reads it: the nesting checked
+    // before nlohmann::json recurses into the text.
+    const std::string text(reinterpret_cast<const char*>(data), size);
+    if (json_nesting_depth(text) > kMaxJsonDepth) return 0;  // refused
+    const nlohmann::json json = nlohmann::json::parse(text);
     const train::TrainerState state = train::trainer_state_from_json(json);
     pipeline->restore(state.data_cursor);
   } catch (const std::exception&) {

@@ -91,3 +91,23 @@ TEST_CASE("the worst-case candidates trade crops for supervised tokens within fu
           rows * T);
   }
 }
+
+TEST_CASE("rows too long for the knapsack's table get a bound at once, not an endless "
+          "computation") {
+  Config config = load_config(VLM_SOURCE_DIR "/configs/nanovlm.yaml").config;
+  config.packing.max_seq_len = 1 << 24;
+  config.packing.max_images_per_knapsack = 65536;
+  const data::WorstCase w = data::worst_case(data::worst_case_inputs(config));
+  const int64_t per_crop = spec::image_tokens_per_crop(config.model.dims);
+  // Every image costs exactly per_crop + 1 tokens per crop, so the tokens bound the crops.
+  CHECK(w.crops_per_pack == (int64_t{1} << 24) / (per_crop + 1));
+  CHECK(w.binding == data::CropLimit::kTokens);
+  int64_t crops = 0;
+  for (const auto& g : w.grids_in_that_pack) crops += spec::image_crops(g.rows, g.cols);
+  CHECK(crops <= w.crops_per_pack);
+  CHECK(crops > w.crops_per_pack - w.max_crops_per_image);
+  // The same formula the knapsack meets on nanoVLM's own rows: 4096 / 65 = 63 crops.
+  config.packing.max_seq_len = 4096;
+  config.packing.max_images_per_knapsack = 18;
+  CHECK(data::worst_case(data::worst_case_inputs(config)).crops_per_pack == 4096 / (per_crop + 1));
+}

@@ -71,6 +71,14 @@ class RowKnapsack {
   std::vector<std::vector<uint8_t>> choice_;
 };
 
+// The knapsack's table stays below this many (images, tokens) cells (9 bytes each).
+constexpr int64_t kMaxKnapsackCells = int64_t{1} << 22;
+
+void exact_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
+                int64_t knapsack_images, WorstCase& w);
+void bound_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
+                WorstCase& w);
+
 }  // namespace
 
 WorstCase worst_case(const WorstCaseInputs& in) {
@@ -98,7 +106,37 @@ WorstCase worst_case(const WorstCaseInputs& in) {
   // Images beyond what the tokens allow never fit, so the knapsack stops there; one more
   // image than the cap tells whether the cap binds.
   const int64_t K = std::min(in.max_images_per_pack, w.max_images_by_tokens);
-  const RowKnapsack knapsack(shapes, std::min(K + 1, w.max_images_by_tokens), T);
+  const int64_t knapsack_images = std::min(K + 1, w.max_images_by_tokens);
+  if ((knapsack_images + 1) * (T + 1) > kMaxKnapsackCells) {
+    bound_rows(shapes, in, K, w);
+  } else {
+    exact_rows(shapes, in, K, knapsack_images, w);
+  }
+  w.crops_per_micro_batch = in.batch_size * w.crops_per_pack;
+  if (in.max_crops_per_micro_batch > 0 && in.max_crops_per_micro_batch < w.crops_per_micro_batch) {
+    w.crops_per_micro_batch = in.max_crops_per_micro_batch;
+    w.binding = CropLimit::kCropsPerMicroBatch;
+  }
+  return w;
+}
+
+namespace {
+
+void apply_pack_cap(const WorstCaseInputs& in, WorstCase& w) {
+  if (in.max_crops_per_pack > 0 && in.max_crops_per_pack < w.crops_per_pack) {
+    w.crops_per_pack = in.max_crops_per_pack;
+    // The pack cap may be the micro-batch cap itself (a pack never holds more crops than a
+    // micro-batch may: data_setup.cpp).
+    const bool from_micro_batch_cap = in.max_crops_per_micro_batch > 0 &&
+                                      in.max_crops_per_pack >= in.max_crops_per_micro_batch;
+    w.binding = from_micro_batch_cap ? CropLimit::kCropsPerMicroBatch : CropLimit::kCropsPerPack;
+  }
+}
+
+void exact_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
+                int64_t knapsack_images, WorstCase& w) {
+  const int64_t T = in.max_seq_len;
+  const RowKnapsack knapsack(shapes, knapsack_images, T);
   int64_t uncapped = 0;  // the most crops of one row under the tokens alone
   for (int64_t k = 0; k <= knapsack.images(); ++k) {
     const int64_t crops = knapsack.crops(k);
@@ -125,20 +163,31 @@ WorstCase worst_case(const WorstCaseInputs& in) {
     w.image_tokens_in_that_pack += s.tokens;
   }
   w.binding = uncapped > w.crops_per_pack ? CropLimit::kImagesPerPack : CropLimit::kTokens;
-  if (in.max_crops_per_pack > 0 && in.max_crops_per_pack < w.crops_per_pack) {
-    w.crops_per_pack = in.max_crops_per_pack;
-    // The pack cap may be the micro-batch cap itself (a pack never holds more crops than a
-    // micro-batch may: data_setup.cpp).
-    const bool from_micro_batch_cap = in.max_crops_per_micro_batch > 0 &&
-                                      in.max_crops_per_pack >= in.max_crops_per_micro_batch;
-    w.binding = from_micro_batch_cap ? CropLimit::kCropsPerMicroBatch : CropLimit::kCropsPerPack;
-  }
-  w.crops_per_micro_batch = in.batch_size * w.crops_per_pack;
-  if (in.max_crops_per_micro_batch > 0 && in.max_crops_per_micro_batch < w.crops_per_micro_batch) {
-    w.crops_per_micro_batch = in.max_crops_per_micro_batch;
-    w.binding = CropLimit::kCropsPerMicroBatch;
-  }
-  return w;
+  apply_pack_cap(in, w);
 }
+
+// Rows too long for the knapsack's table (kMaxKnapsackCells): every image costs exactly
+// (image_tokens_per_crop + 1) tokens per crop (spec/image_tokens.h: its crops' tokens plus one
+// marker per crop), so a row holds at most max_seq_len / that many crops, and at most K images
+// of the largest grid. The smaller of the two bounds the row (it may not be reachable exactly:
+// a bound, on the side of memory), spelled as copies of the largest grid.
+void bound_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
+                WorstCase& w) {
+  const int64_t by_tokens = in.max_seq_len / (in.image_tokens_per_crop + 1);
+  const int64_t by_images = K * w.max_crops_per_image;
+  w.crops_per_pack = std::min(by_tokens, by_images);
+  w.binding = by_images < by_tokens ? CropLimit::kImagesPerPack : CropLimit::kTokens;
+  const auto largest = std::max_element(shapes.begin(), shapes.end(), [](const Shape& a,
+                                                                         const Shape& b) {
+    return a.crops < b.crops;
+  });
+  const int64_t copies = largest->crops > 0 ? w.crops_per_pack / largest->crops : 0;
+  w.images_in_that_pack = copies;
+  w.grids_in_that_pack.assign(static_cast<size_t>(copies), largest->grid);
+  w.image_tokens_in_that_pack = copies * largest->tokens;
+  apply_pack_cap(in, w);
+}
+
+}  // namespace
 
 }  // namespace vlm::data

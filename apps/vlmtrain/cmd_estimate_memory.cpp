@@ -183,10 +183,8 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
       r.verdict = estimate::verdict(report.worst.spec, report.worst.step, t, r.calibration.corrections);
       if (report.typical) {
         std::vector<int64_t> peaks;
-        for (size_t k = 0; k < report.typical->shapes.size(); ++k) {
-          const estimate::StepPeak step{
-              memory::predict_step(report.worst.spec, {report.typical->shapes[k]}, {true, true}),
-              {true, true}};
+        for (const memory::StepPrediction& p : report.typical->predictions) {
+          const estimate::StepPeak step{p, {true, true}};  // estimate_typical's state
           peaks.push_back(estimate::verdict(report.worst.spec, step, t, r.calibration.corrections)
                               .peak_bytes);
         }

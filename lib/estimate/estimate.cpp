@@ -148,6 +148,7 @@ TypicalEstimate estimate_typical(const memory::MemorySpec& spec, data::PlanningP
         }
         t.tensor_peaks.push_back(p.peak_bytes);
         t.shapes.push_back(shape);
+        t.predictions.push_back(p);
       }
     }
     pipeline.release(planned->plan);

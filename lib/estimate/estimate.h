@@ -118,6 +118,7 @@ struct TypicalEstimate {
   // heaviest micro-batch it is.
   std::vector<int64_t> tensor_peaks;
   std::vector<memory::BatchShape> shapes;  // the planned micro-batches, every rank's
+  std::vector<memory::StepPrediction> predictions;  // theirs, in the same order
   Distribution tensors() const { return distribution(tensor_peaks); }
 };
 // Plans up to `max_steps` steps (0: until the source ends) with `pipeline` and predicts every

@@ -203,6 +203,8 @@ class Search {
       }
     } catch (const ConfigError&) {
       // Not a valid config (a cap below what the data needs, ...): not a recommendation.
+    } catch (const DataError&) {
+      // With it, no sample of the data could be used: not a recommendation either.
     }
     cache_.emplace(key, result);
     return result;

@@ -32,6 +32,18 @@ struct Timeline {
   void free(int64_t bytes) { live -= bytes; }
   // A moment where `bytes` more are live for a while and then freed.
   void transient(int64_t bytes) { peak = std::max(peak, live + bytes); }
+  // `n` runs in a row of `run`, a phase that allocates and frees the same bytes at every run
+  // (the identical blocks of a tower): replayed once from nothing and extrapolated, which is
+  // exactly what the n runs give (run k starts k times the run's net bytes higher), at the
+  // cost of one run. What makes the sampler's predictions cheap (docs/BENCHMARKS.md).
+  template <class Run>
+  void repeat(int64_t n, Run&& run) {
+    if (n <= 0) return;
+    Timeline one;
+    run(one);
+    peak = std::max(peak, live + one.peak + std::max<int64_t>(0, (n - 1) * one.live));
+    live += n * one.live;
+  }
 };
 
 // A parameter's gradient reaching its AccumulateGrad: with no .grad yet it is stolen as the

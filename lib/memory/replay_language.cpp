@@ -469,16 +469,16 @@ void language_forward(Timeline& t, const Lm& x) {
   // RoPE tables (language_model.cpp:45-51): angles, their cat, cos and sin; cos and sin stay.
   t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + 2 * e * x.N * x.hd);
   t.alloc(2 * e * x.N * x.hd);
-  for (int64_t i = 0; i < x.Ll; ++i) {
+  t.repeat(x.Ll, [&](Timeline& block) {
     if (x.checkpoint) {
-      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd(t, x);
+      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd(block, x);
     } else if (x.frozen) {
-      block_forward_frozen(t, x);
+      block_forward_frozen(block, x);
     } else {
-      block_forward(t, x);
+      block_forward(block, x);
     }
-  }
+  });
   // Final RMSNorm (language_model.cpp:147): sq, r and n kept; `hidden` lives until
   // forward_embeddings returns (vision_language_model.cpp:103-107), through the loss.
   if (x.frozen) {
@@ -579,12 +579,11 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
   // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
   // this norm only. Then the blocks, last first; each ends with its input's gradient live.
   rms_norm_backward(t, x, first_step, /*residual=*/false);
-  for (int64_t i = x.Ll - 1; i >= 0; --i) {
-    if (x.checkpoint) {
-      checkpointed_block_backward(t, x, first_step);
-    } else {
-      block_backward(t, x, first_step, i == 0);
-    }
+  if (x.checkpoint) {
+    t.repeat(x.Ll, [&](Timeline& block) { checkpointed_block_backward(block, x, first_step); });
+  } else {
+    t.repeat(x.Ll - 1, [&](Timeline& block) { block_backward(block, x, first_step, false); });
+    block_backward(t, x, first_step, /*first_block=*/true);
   }
 }
 

@@ -491,14 +491,14 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
   t.transient(3 * 8 * x.N + kWrappedScalar);  // segment_ids
   t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
   t.alloc(tables);
-  for (int64_t i = 0; i < x.Ll; ++i) {
+  t.repeat(x.Ll, [&](Timeline& block) {
     if (x.checkpoint) {
-      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd_bf16(t, x);
+      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd_bf16(block, x);
     } else {
-      block_forward_bf16(t, x);
+      block_forward_bf16(block, x);
     }
-  }
+  });
   (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);  // the final norm
   // The products kept bf16 copies: the fp32 tables die with the forward's scope, unless the
   // checkpointed blocks' closures keep them.
@@ -548,13 +548,13 @@ void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
     chunked_loss_backward_bf16(t, x, first_step);
   }
   rms_norm_backward(t, x, first_step, /*residual=*/false);
-  for (int64_t i = x.Ll - 1; i >= 0; --i) {
+  t.repeat(x.Ll, [&](Timeline& block) {
     if (x.checkpoint) {
-      checkpointed_block_backward_bf16(t, x, first_step);
+      checkpointed_block_backward_bf16(block, x, first_step);
     } else {
-      block_backward_bf16(t, x, first_step);
+      block_backward_bf16(block, x, first_step);
     }
-  }
+  });
 }
 
 }  // namespace vlm::memory::replay

@@ -173,19 +173,19 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.alloc(patches + c.X + c.X);
   t.free(c.X);
   if (!v.vision_trained) t.free(patches);
-  for (int64_t i = 0; i < v.Lv; ++i) {
+  t.repeat(v.Lv, [&](Timeline& block) {
     if (!v.vision_trained) {
       // No graph (checkpointed() runs the block as it is): the block's temporaries, and its
       // input once `x` is reassigned.
-      block_forward_nograd(t, v, c);
-      t.free(c.X);
+      block_forward_nograd(block, v, c);
+      block.free(c.X);
     } else if (v.checkpoint) {
-      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd(t, v, c);
+      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd(block, v, c);
     } else {
-      block_forward(t, v, c);
+      block_forward(block, v, c);
     }
-  }
+  });
   if (v.vision_trained) {
     layer_norm_forward(t, c);  // the final LayerNorm's output (the features), its statistics
   } else {
@@ -289,13 +289,13 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   // The final LayerNorm (frees the features' gradient, the last block's output, the
   // statistics); its dX is the last block's output gradient g.
   layer_norm_backward(t, v, c, sink);
-  for (int64_t i = v.Lv - 1; i >= 0; --i) {
+  t.repeat(v.Lv, [&](Timeline& block) {
     if (v.checkpoint) {
-      checkpointed_block_backward(t, v, c, sink);
+      checkpointed_block_backward(block, v, c, sink);
     } else {
-      block_backward(t, v, c, sink);
+      block_backward(block, v, c, sink);
     }
-  }
+  });
   // Patch embedding: x0 = linear + positions. The positions' gradient is g summed over the
   // crops (a new [1, P, d]). With one crop it is g itself, shared with the linear's branch, so
   // nothing can take it over: AccumulateGrad clones a first gradient and adds a later one in

@@ -340,17 +340,17 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.transient(2 * c.X);
   t.alloc(2 * c.X);
   t.free(c.X + c.X / 2 + patches + (v.vision_trained ? 0 : patches / 2));
-  for (int64_t i = 0; i < v.Lv; ++i) {
+  t.repeat(v.Lv, [&](Timeline& block) {
     if (!v.vision_trained) {
-      block_forward_nograd(t, v, c);
-      t.free(c.X);  // its input, once `x` is reassigned
+      block_forward_nograd(block, v, c);
+      block.free(c.X);  // its input, once `x` is reassigned
     } else if (v.checkpoint) {
-      t.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd(t, v, c);
+      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+      block_forward_nograd(block, v, c);
     } else {
-      block_forward(t, v, c);
+      block_forward(block, v, c);
     }
-  }
+  });
   if (v.vision_trained) {
     layer_norm_forward(t, c);  // the features
   } else {
@@ -399,13 +399,13 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
     t.free(c.X);
   }
   layer_norm_backward(t, v, c, sink);  // the final LayerNorm: g, the last block's output's
-  for (int64_t i = v.Lv - 1; i >= 0; --i) {
+  t.repeat(v.Lv, [&](Timeline& block) {
     if (v.checkpoint) {
-      checkpointed_block_backward(t, v, c, sink);
+      checkpointed_block_backward(block, v, c, sink);
     } else {
-      block_backward(t, v, c, sink);
+      block_backward(block, v, c, sink);
     }
-  }
+  });
   // Patch embedding: x0 = (linear + bias) + positions. g goes, converted to bf16, to the
   // linear's output, and summed over the crops to the positions (with one crop it is g
   // itself); then g dies unless the positions' gradient is g.
@@ -447,10 +447,10 @@ void frozen_bf16_vit_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.patch_values, v.d, false, true));
   t.alloc(X);
   t.free(X + patches);
-  for (int64_t i = 0; i < v.Lv; ++i) {
-    frozen_bf16_block(t, v, c);
-    t.free(X);  // its input
-  }
+  t.repeat(v.Lv, [&](Timeline& block) {
+    frozen_bf16_block(block, v, c);
+    block.free(X);  // its input
+  });
   t.alloc(X + c.S);  // the final LayerNorm
   t.free(c.S + X);   // its statistics, the last block's output
   t.free(patches);   // the converted chunk, when the ViT returns

@@ -237,8 +237,13 @@ void visit_fields(V& v, LearningRates& c) {
 }
 
 struct TrainConfig {
-  int64_t batch_size = 4;
+  int64_t batch_size = 4;  // 0: auto (micro-batches sized by the memory budget)
   int64_t gradient_accumulation_steps = 1;
+  int64_t global_batch_size = 0;  // packs per step over all ranks, with batch_size auto
+  bool batch_size_auto() const { return batch_size == 0; }
+  // The rows of the heaviest micro-batch the data limits allow on their own: batch_size, or
+  // with auto a single pack (the memory budget bounds every micro-batch of more).
+  int64_t rows_by_limits() const { return batch_size_auto() ? 1 : batch_size; }
   int64_t max_crops_per_micro_batch = 0;
   int64_t max_steps = 1000;
   LearningRates lr;
@@ -263,9 +268,18 @@ struct TrainConfig {
 
 template <class V>
 void visit_fields(V& v, TrainConfig& c) {
-  v.field(c.batch_size, "batch_size", "Packs per micro-batch on each rank.", IntRange{1, 65536});
+  v.field(c.batch_size, "batch_size",
+          "Packs per micro-batch on each rank, at most (the memory budget may take fewer); "
+          "auto: as many as fit the memory budget, micro-steps as many as the step's "
+          "global_batch_size packs need (docs/sampler.md).",
+          IntRange{1, 65536, "auto"});
   v.field(c.gradient_accumulation_steps, "gradient_accumulation_steps",
-          "Micro-batches per optimizer step on each rank.", IntRange{1, 65536});
+          "Micro-batches per optimizer step on each rank (a fixed batch_size only).",
+          IntRange{1, 65536});
+  v.field(c.global_batch_size, "global_batch_size",
+          "Packs per optimizer step over all ranks, with batch_size auto (required there); "
+          "with a fixed batch_size it is batch_size x gradient_accumulation_steps x ranks.",
+          IntRange{0, 1 << 24});
   v.field(c.max_crops_per_micro_batch, "max_crops_per_micro_batch",
           "ViT crops per micro-batch; 0 = no cap.", IntRange{0, 1 << 24});
   v.field(c.max_steps, "max_steps", "Optimizer steps to train.", IntRange{1, INT64_MAX});

@@ -9,10 +9,12 @@ namespace vlm {
 std::string describe(const IntRange& r) {
   const bool has_min = r.min != std::numeric_limits<int64_t>::min();
   const bool has_max = r.max != std::numeric_limits<int64_t>::max();
-  if (has_min && has_max) return "[" + std::to_string(r.min) + ", " + std::to_string(r.max) + "]";
-  if (has_min) return ">= " + std::to_string(r.min);
-  if (has_max) return "<= " + std::to_string(r.max);
-  return "";
+  const std::string word = r.zero_word ? std::string(r.zero_word) + " or " : "";
+  if (has_min && has_max)
+    return word + "[" + std::to_string(r.min) + ", " + std::to_string(r.max) + "]";
+  if (has_min) return word + ">= " + std::to_string(r.min);
+  if (has_max) return word + "<= " + std::to_string(r.max);
+  return r.zero_word ? r.zero_word : "";
 }
 
 std::string describe(const RealRange& r) {

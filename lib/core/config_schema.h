@@ -16,6 +16,8 @@ namespace vlm {
 struct IntRange {
   int64_t min = std::numeric_limits<int64_t>::min();
   int64_t max = std::numeric_limits<int64_t>::max();
+  // A word that stands for the value 0, outside [min, max] ("auto"), read and written as it.
+  const char* zero_word = nullptr;
 };
 
 // Real range; `min_exclusive` makes the lower bound strict (e.g. learning rates > 0).

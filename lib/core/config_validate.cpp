@@ -134,6 +134,24 @@ void check_train(const Config& c, Checker& check) {
   const bool all_frozen =
       c.model.freeze_vision && c.model.freeze_projector && c.model.freeze_language;
   check.require(!all_frozen, "model.freeze_language", "every module is frozen: nothing to train");
+
+  // batch_size auto: the step is global_batch_size packs, the micro-steps are planned per step.
+  const TrainConfig& t = c.train;
+  if (t.batch_size_auto()) {
+    check.require(t.global_batch_size > 0, "train.batch_size",
+                  "train.batch_size auto needs train.global_batch_size: the packs of one optimizer "
+                  "step over all ranks (the micro-batches are then sized by memory)");
+    check.require(t.gradient_accumulation_steps == 1, "train.gradient_accumulation_steps",
+                  "train.gradient_accumulation_steps = " +
+                      std::to_string(t.gradient_accumulation_steps) +
+                      " does not apply with train.batch_size auto: each step takes as many "
+                      "micro-steps as its train.global_batch_size packs need; remove it");
+  } else {
+    check.require(t.global_batch_size == 0, "train.global_batch_size",
+                  "train.global_batch_size is for train.batch_size auto; with train.batch_size = " +
+                      std::to_string(t.batch_size) +
+                      " a step is batch_size x gradient_accumulation_steps x ranks packs");
+  }
 }
 
 }  // namespace

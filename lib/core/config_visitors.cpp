@@ -119,10 +119,19 @@ bool in_range(double v, const RealRange& r) {
 }  // namespace
 
 void YamlReader::field(int64_t& value, const char* key, const char*, const IntRange& range) {
-  const YAML::Node* node = scalar(key, "an integer");
+  const YAML::Node* node = scalar(key, range.zero_word ? "an integer or a word" : "an integer");
   if (!node) return;
+  if (range.zero_word && node->Scalar() == range.zero_word) {
+    value = 0;
+    return;
+  }
   const auto parsed = parse_int(node->Scalar());
-  if (!parsed) fail(*node, key, "expected an integer, got " + shown(node->Scalar()));
+  if (!parsed) {
+    fail(*node, key,
+         std::string("expected an integer") +
+             (range.zero_word ? std::string(" or ") + range.zero_word : "") + ", got " +
+             shown(node->Scalar()));
+  }
   if (*parsed < range.min || *parsed > range.max) {
     fail(*node, key, std::to_string(*parsed) + " is out of range: allowed " + describe(range));
   }
@@ -257,7 +266,7 @@ void SchemaLister::add(const char* key, const char* type, std::string value, std
 }
 
 void SchemaLister::field(const int64_t& v, const char* key, const char* doc, const IntRange& r) {
-  add(key, "int", std::to_string(v), describe(r), doc);
+  add(key, "int", r.zero_word && v == 0 ? r.zero_word : std::to_string(v), describe(r), doc);
 }
 void SchemaLister::field(const double& v, const char* key, const char* doc, const RealRange& r) {
   add(key, "real", format_real(v), describe(r), doc);

@@ -107,7 +107,10 @@ class YamlWriter {
       : out_(out), indent_(indent), with_docs_(with_docs) {}
 
   template <class T, class C = NoConstraint>
-  void field(const T& value, const char* key, const char* doc, const C& = {}) {
+  void field(const T& value, const char* key, const char* doc, const C& constraint = {}) {
+    if constexpr (std::is_same_v<C, IntRange>) {
+      if (constraint.zero_word && value == 0) return line(key, constraint.zero_word, doc);
+    }
     line(key, render(value), doc);
   }
 
@@ -157,7 +160,13 @@ class JsonWriter {
   explicit JsonWriter(nlohmann::json& out) : out_(out) {}
 
   template <class T, class C = NoConstraint>
-  void field(const T& value, const char* key, const char*, const C& = {}) {
+  void field(const T& value, const char* key, const char*, const C& constraint = {}) {
+    if constexpr (std::is_same_v<C, IntRange>) {
+      if (constraint.zero_word && value == 0) {
+        out_[key] = constraint.zero_word;
+        return;
+      }
+    }
     if constexpr (std::is_same_v<T, ByteSize>) {
       out_[key] = value.bytes;
     } else {

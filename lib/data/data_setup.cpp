@@ -36,7 +36,7 @@ int64_t crops_per_pack(const Config& config) {
 
 }  // namespace
 
-PlanningOptions planning_options(const Config& config, int64_t ranks) {
+PlanningOptions planning_options(const Config& config, int64_t ranks, const MemoryCap& cap) {
   PlanningOptions p;
   p.limits = SampleLimits{config.data.max_sample_length, config.data.max_images_per_example,
                           config.packing.max_seq_len, config.packing.max_images_per_knapsack,
@@ -50,8 +50,13 @@ PlanningOptions planning_options(const Config& config, int64_t ranks) {
   p.packer.seed = static_cast<uint64_t>(config.train.seed);
   p.planner.ranks = ranks;
   p.planner.micro_steps = config.train.gradient_accumulation_steps;
-  p.planner.batch_size = config.train.batch_size;
+  p.planner.batch_size = config.train.batch_size;  // 0: auto
+  p.planner.global_batch = config.train.global_batch_size;
   p.planner.max_crops_per_micro_batch = config.train.max_crops_per_micro_batch;
+  if (cap.predict && cap.bytes > 0) {
+    p.planner.predict_bytes = cap.predict;
+    p.planner.max_micro_batch_bytes = cap.bytes;
+  }
   return p;
 }
 
@@ -62,18 +67,19 @@ WorstCaseInputs worst_case_inputs(const Config& config) {
   in.max_seq_len = config.packing.max_seq_len;
   in.max_images_per_pack = config.packing.max_images_per_knapsack;
   in.max_crops_per_pack = crops_per_pack(config);
-  in.batch_size = config.train.batch_size;
+  in.batch_size = config.train.rows_by_limits();
   in.max_crops_per_micro_batch = config.train.max_crops_per_micro_batch;
   return in;
 }
 
 std::unique_ptr<PlanningPipeline> length_pipeline(const Config& config, int64_t ranks,
-                                                  const std::string& path) {
+                                                  const std::string& path, const MemoryCap& cap) {
   return std::make_unique<PlanningPipeline>(std::make_unique<LengthSource>(path),
-                                            planning_options(config, ranks));
+                                            planning_options(config, ranks, cap));
 }
 
-DataSetup::DataSetup(const Config& config, int64_t ranks) : config_(config) {
+DataSetup::DataSetup(const Config& config, int64_t ranks, const MemoryCap& cap)
+    : config_(config) {
   tokenizer_ = load_tokenizer(config.model.tokenizer);
   image_ids_ = add_image_tokens(*tokenizer_);
   const int64_t rows = spec::language_vocab_rows(config.model.dims.language);
@@ -91,7 +97,7 @@ DataSetup::DataSetup(const Config& config, int64_t ranks) : config_(config) {
   skips_ = std::make_unique<SkipCounter>(config.data.max_skipped_fraction,
                                          config.data.min_skipped_for_error);
 
-  planning_ = planning_options(config, ranks);
+  planning_ = planning_options(config, ranks, cap);
 }
 
 LoaderOptions DataSetup::loader_options(int64_t rank) const {

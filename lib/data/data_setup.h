@@ -17,19 +17,27 @@
 
 namespace vlm::data {
 
+// A byte cap on every micro-batch the step planner forms (the memory-aware sampler:
+// estimate/sampler.h): a predictor and the cap it is held to. Empty: no cap.
+struct MemoryCap {
+  MemoryPredictor predict;
+  int64_t bytes = 0;
+};
+
 // The options of every planning stage (filter, packer, step planner) from a config.
-PlanningOptions planning_options(const Config& config, int64_t ranks);
+PlanningOptions planning_options(const Config& config, int64_t ranks, const MemoryCap& cap = {});
 // What the theoretical worst micro-batch of a config is computed from.
 WorstCaseInputs worst_case_inputs(const Config& config);
 // A benchmark length stream packed with the config's limits (needs no tokenizer or images).
 std::unique_ptr<PlanningPipeline> length_pipeline(const Config& config, int64_t ranks,
-                                                  const std::string& path);
+                                                  const std::string& path,
+                                                  const MemoryCap& cap = {});
 
 class DataSetup {
  public:
   // Loads the tokenizer (DataError when unusable) and checks it against the model's
   // vocabulary. `ranks` is the world size the steps are planned for.
-  DataSetup(const Config& config, int64_t ranks);
+  DataSetup(const Config& config, int64_t ranks, const MemoryCap& cap = {});
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ChatTemplate& chat() const { return *chat_; }

@@ -63,8 +63,9 @@ std::vector<Lever> reducing_levers(const Config& config, const WorstCaseEstimate
   const bool images = w.crops_per_micro_batch > 0;
 
   Lever split{"batch split", {}};
+  // batch_size auto sizes every micro-batch by the budget already: its worst case is one pack.
   const int64_t total = train.batch_size * train.gradient_accumulation_steps;
-  for (const int64_t b : divisors_below(total, train.batch_size)) {
+  for (const int64_t b : divisors_below(total, train.rows_by_limits())) {
     // FLOPs per row are the same; only the padding of the planned rows can change.
     split.options.push_back({{kv("train.batch_size", b),
                               kv("train.gradient_accumulation_steps", total / b)},

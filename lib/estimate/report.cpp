@@ -80,7 +80,7 @@ std::vector<std::string> constraint_lines(const Config& config, const data::Wors
   std::vector<std::string> lines;
   const int64_t T = config.packing.max_seq_len;
   const int64_t K = config.packing.max_images_per_knapsack;
-  const int64_t rows = config.train.batch_size;
+  const int64_t rows = config.train.rows_by_limits();
   if (w.min_image_tokens > 0 && w.max_images_by_tokens < K) {
     lines.push_back("packing.max_images_per_knapsack = " + std::to_string(K) +
                     " can never be reached: each image costs at least " +
@@ -256,8 +256,13 @@ std::string to_text(const Report& r, bool bars) {
   std::ostringstream out;
   out << "estimate-memory: " << (r.config.empty() ? "built-in defaults" : r.config) << " ("
       << c.model.dims.preset << ", " << c.train.precision << ", " << r.ranks << " rank"
-      << (r.ranks == 1 ? "" : "s") << ", micro-batch " << c.train.batch_size << " x "
-      << c.train.gradient_accumulation_steps << " accumulation)\n\n";
+      << (r.ranks == 1 ? "" : "s") << ", micro-batch "
+      << (c.train.batch_size_auto()
+              ? "auto (sized by memory), " + std::to_string(c.train.global_batch_size) +
+                    " packs per step"
+              : std::to_string(c.train.batch_size) + " x " +
+                    std::to_string(c.train.gradient_accumulation_steps) + " accumulation")
+      << ")\n\n";
 
   out << "worst-case micro-batch\n";
   out << "  " << e.shape.rows << " rows x " << e.shape.row_tokens << " tokens, " << e.shape.crops

@@ -21,17 +21,27 @@ void add_row(int64_t tokens, int64_t row_tokens, std::vector<int64_t>& segments)
 }  // namespace
 
 memory::BatchShape batch_shape(const std::vector<data::Pack>& packs) {
+  std::vector<const data::Pack*> pointers;
+  pointers.reserve(packs.size());
+  for (const data::Pack& pack : packs) pointers.push_back(&pack);
+  return batch_shape(pointers);
+}
+
+memory::BatchShape batch_shape(const std::vector<const data::Pack*>& packs) {
   int64_t longest = 1, crops = 0, supervised = 0;
-  for (const data::Pack& pack : packs) {
-    longest = std::max(longest, pack.tokens);
-    crops += pack.crops;
-    supervised += pack.supervised;
+  size_t items = 0;
+  for (const data::Pack* pack : packs) {
+    longest = std::max(longest, pack->tokens);
+    crops += pack->crops;
+    supervised += pack->supervised;
+    items += pack->items.size() + 1;
   }
   const int64_t row_tokens = round_up(longest, 8);
   std::vector<int64_t> segments;
-  for (const data::Pack& pack : packs) {
-    for (const data::PackItem& item : pack.items) segments.push_back(item.tokens);
-    if (pack.tokens < row_tokens) segments.push_back(row_tokens - pack.tokens);
+  segments.reserve(items);
+  for (const data::Pack* pack : packs) {
+    for (const data::PackItem& item : pack->items) segments.push_back(item.tokens);
+    if (pack->tokens < row_tokens) segments.push_back(row_tokens - pack->tokens);
   }
   return memory::BatchShape::from_segments(static_cast<int64_t>(packs.size()), row_tokens,
                                            segments, crops, supervised);
@@ -39,7 +49,7 @@ memory::BatchShape batch_shape(const std::vector<data::Pack>& packs) {
 
 std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
                                                   const data::WorstCase& worst) {
-  const int64_t rows = config.train.batch_size;
+  const int64_t rows = config.train.rows_by_limits();
   const int64_t tokens = config.packing.max_seq_len;
   const int64_t row_tokens = round_up(tokens, 8);
   const int64_t per_crop = spec::image_tokens_per_crop(config.model.dims);

@@ -16,6 +16,7 @@ namespace vlm::estimate {
 // The collator's layout (data/batch/host_batch.cpp): one row per pack, every row padded to the
 // longest pack rounded up to 8 tokens; a row's segments are its samples in pack order, then its
 // padding when there is any. Equal to train::batch_shape of the collated batch.
+memory::BatchShape batch_shape(const std::vector<const data::Pack*>& packs);
 memory::BatchShape batch_shape(const std::vector<data::Pack>& packs);
 
 // The candidates for the heaviest micro-batch of `config`: batch_size rows of max_seq_len

@@ -43,7 +43,7 @@ void run_preflight(const Config& config, const PreflightTarget& t) {
   // Nothing to measure against without a budget: real CUDA memory or a simulated CPU cap.
   if (!t.device.is_cuda() && config.memory.simulate_device_bytes.bytes == 0) return;
   const data::WorstCase worst = data::worst_case(data::worst_case_inputs(config));
-  const int64_t rows = config.train.batch_size, T = config.packing.max_seq_len;
+  const int64_t rows = config.train.rows_by_limits(), T = config.packing.max_seq_len;
   const int64_t crops = worst.crops_per_micro_batch;
   try {
     trial_step(config, t, rows, T, crops);

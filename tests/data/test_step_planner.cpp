@@ -35,6 +35,22 @@ std::multiset<uint64_t> ids_of(const std::vector<Pack>& packs) {
   return ids;
 }
 
+// A toy predictor: 1 KiB per token of the padded micro-batch plus 100 KiB per crop.
+int64_t toy_bytes(const std::vector<const Pack*>& packs) {
+  int64_t longest = 0, crops = 0;
+  for (const Pack* p : packs) {
+    longest = std::max(longest, p->tokens);
+    crops += p->crops;
+  }
+  return int64_t(packs.size()) * longest * 1024 + crops * 100 * 1024;
+}
+
+int64_t toy_bytes_of(const MicroBatch& mb) {
+  std::vector<const Pack*> packs;
+  for (const Pack& p : mb.packs) packs.push_back(&p);
+  return toy_bytes(packs);
+}
+
 StepPlannerOptions eight_by_four() {
   StepPlannerOptions o;
   o.ranks = 8;
@@ -78,10 +94,7 @@ TEST_CASE("step planner: the byte cap from the predictor holds, and the plan is 
   const auto packs = random_packs(2, 800);
   StepPlannerOptions o = eight_by_four();
   o.batch_size = 4;
-  // A toy predictor: 1 KiB per token of the padded micro-batch plus 100 KiB per crop.
-  o.predict_bytes = [](const MicroBatchShape& s) {
-    return s.packs * s.max_pack_tokens * 1024 + s.crops * 100 * 1024;
-  };
+  o.predict_bytes = toy_bytes;
   o.max_micro_batch_bytes = int64_t{24} << 20;
   const std::vector<Pack> fresh(packs.begin(), packs.begin() + o.packs_per_step());
   const PlanResult a = plan_step({}, fresh, o);
@@ -91,7 +104,7 @@ TEST_CASE("step planner: the byte cap from the predictor holds, and the plan is 
     for (size_t m = 0; m < a.plan.micro_batches[r].size(); ++m) {
       const MicroBatch& mb = a.plan.micro_batches[r][m];
       REQUIRE(mb.predicted_bytes <= o.max_micro_batch_bytes);
-      if (!mb.packs.empty()) REQUIRE(mb.predicted_bytes == o.predict_bytes(mb.shape));
+      if (!mb.packs.empty()) REQUIRE(mb.predicted_bytes == toy_bytes_of(mb));
       REQUIRE(mb.packs == b.plan.micro_batches[r][m].packs);
       deferred_or_placed += int64_t(mb.packs.size());
     }
@@ -172,4 +185,71 @@ TEST_CASE("step planner: absurd sizes are refused at once, without overflow") {
   options.micro_steps = 16;
   options.batch_size = 4;
   CHECK_NOTHROW(StepPlanner(options));
+}
+
+TEST_CASE("step planner, batch_size auto: micro-batches filled to the byte cap, the global batch kept") {
+  const auto packs = random_packs(4, 3000);
+  StepPlannerOptions o;
+  o.ranks = 3;
+  o.batch_size = 0;  // auto
+  o.global_batch = 40;
+  o.predict_bytes = toy_bytes;
+  o.max_micro_batch_bytes = int64_t{24} << 20;
+  StepPlanner planner(o);
+  size_t next = 0;
+  auto source = [&]() -> std::optional<Pack> {
+    if (next == packs.size()) return std::nullopt;
+    return packs[next++];
+  };
+  std::multiset<uint64_t> planned;
+  int64_t steps = 0, micro_batches = 0, total_packs = 0;
+  double use = 0;
+  bool varied = false;
+  size_t first_micro_steps = 0;
+  while (auto plan = planner.next_step(source)) {
+    ++steps;
+    REQUIRE(planner.deferred().empty());  // auto never defers
+    const size_t micro_steps = plan->micro_batches[0].size();
+    if (steps == 1) first_micro_steps = micro_steps;
+    varied = varied || micro_steps != first_micro_steps;
+    int64_t in_step = 0, supervised = 0;
+    for (const auto& rank : plan->micro_batches) {
+      REQUIRE(rank.size() == micro_steps);  // every rank runs the same micro-steps
+      for (const MicroBatch& mb : rank) {
+        if (mb.packs.empty()) continue;
+        REQUIRE(mb.predicted_bytes <= o.max_micro_batch_bytes);
+        REQUIRE(mb.predicted_bytes == toy_bytes_of(mb));
+        ++micro_batches;
+        use += double(mb.predicted_bytes) / double(o.max_micro_batch_bytes);
+        in_step += int64_t(mb.packs.size());
+        for (const Pack& p : mb.packs) {
+          supervised += p.supervised;
+          for (const PackItem& i : p.items) planned.insert(i.sample_id);
+        }
+      }
+    }
+    REQUIRE(supervised == plan->supervised_tokens);
+    if (next < packs.size()) REQUIRE(in_step == o.global_batch);  // full steps keep the batch
+    total_packs += in_step;
+  }
+  REQUIRE(total_packs == int64_t(packs.size()));
+  REQUIRE(planned == ids_of(packs));
+  REQUIRE(varied);  // heavy steps take more micro-steps than light ones
+  // Several packs per micro-batch on average, and most of the budget used.
+  REQUIRE(double(total_packs) / double(micro_batches) > 2.0);
+  REQUIRE(use / double(micro_batches) > 0.8);
+}
+
+TEST_CASE("step planner, batch_size auto: a pack over the byte cap alone is an error naming the budget") {
+  const auto packs = random_packs(5, 200);
+  StepPlannerOptions o;
+  o.batch_size = 0;
+  o.global_batch = 8;
+  o.predict_bytes = toy_bytes;
+  o.max_micro_batch_bytes = 1024;  // below any pack
+  const std::vector<Pack> fresh(packs.begin(), packs.begin() + 8);
+  REQUIRE_THROWS_WITH(plan_step({}, fresh, o),
+                      Catch::Contains("exceeds the micro-batch memory budget of 1024 bytes"));
+  o.global_batch = 0;
+  REQUIRE_THROWS_AS(o.validate(), vlm::ConfigError);
 }

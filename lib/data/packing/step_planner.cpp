@@ -33,11 +33,17 @@ void StepPlannerOptions::validate() const {
   };
   require(ranks >= 1, "ranks (world size) must be >= 1");
   require(micro_steps >= 1, "gradient_accumulation_steps must be >= 1");
-  require(batch_size >= 1, "batch_size must be >= 1");
+  require(batch_size >= 0, "batch_size must be >= 1, or 0 for auto");
   // Every rank plans every rank's micro-batches: past a few million packs per step a plan is
   // not a plan but a hang (and the product can overflow).
   constexpr int64_t kMaxPacksPerStep = int64_t{1} << 24;
-  require(ranks <= kMaxPacksPerStep / micro_steps / batch_size,
+  if (auto_batch()) {
+    require(global_batch >= 1 && global_batch <= kMaxPacksPerStep,
+            "batch_size auto needs a global batch of 1 to " + std::to_string(kMaxPacksPerStep) +
+                " packs per step, got " + std::to_string(global_batch));
+    require(ranks <= kMaxPacksPerStep, "more than " + std::to_string(kMaxPacksPerStep) + " ranks");
+  }
+  require(auto_batch() || ranks <= kMaxPacksPerStep / micro_steps / batch_size,
           "ranks x gradient_accumulation_steps x batch_size = " + std::to_string(ranks) + " x " +
               std::to_string(micro_steps) + " x " + std::to_string(batch_size) +
               " packs per step is more than " + std::to_string(kMaxPacksPerStep));
@@ -70,16 +76,18 @@ namespace {
 // Whether `pack` may join `mb` under the caps; `bytes` is the predicted size with it.
 bool fits_into(const StepPlannerOptions& o, const MicroBatch& mb, const Pack& pack,
                int64_t& bytes) {
-  if (static_cast<int64_t>(mb.packs.size()) >= o.batch_size) return false;
+  if (!o.auto_batch() && static_cast<int64_t>(mb.packs.size()) >= o.batch_size) return false;
   if (o.max_crops_per_micro_batch > 0 &&
       mb.shape.crops + pack.crops > o.max_crops_per_micro_batch) {
     return false;
   }
   bytes = 0;
   if (o.predict_bytes) {
-    MicroBatchShape shape = mb.shape;
-    shape.add(pack);
-    bytes = o.predict_bytes(shape);
+    std::vector<const Pack*> packs;
+    packs.reserve(mb.packs.size() + 1);
+    for (const Pack& p : mb.packs) packs.push_back(&p);
+    packs.push_back(&pack);
+    bytes = o.predict_bytes(packs);
     if (o.max_micro_batch_bytes > 0 && bytes > o.max_micro_batch_bytes) return false;
   }
   return true;
@@ -90,10 +98,31 @@ bool fits_alone(const StepPlannerOptions& o, const Pack& pack) {
   return fits_into(o, MicroBatch{}, pack, bytes);
 }
 
+// A pack that no micro-batch can ever take: which cap keeps it out.
+[[noreturn]] void no_room_for(const Pack& pack, const StepPlannerOptions& o) {
+  const std::string what = "step planner: a pack of " + std::to_string(pack.items.size()) +
+                           " samples, " + std::to_string(pack.tokens) + " tokens and " +
+                           std::to_string(pack.crops) + " crops does not fit an empty micro-batch";
+  if (o.max_crops_per_micro_batch > 0 && pack.crops > o.max_crops_per_micro_batch) {
+    throw ConfigError(what + ": train.max_crops_per_micro_batch = " +
+                      std::to_string(o.max_crops_per_micro_batch) +
+                      "; raise it or lower packing.max_crops_per_pack");
+  }
+  const std::vector<const Pack*> alone{&pack};
+  const int64_t bytes = o.predict_bytes ? o.predict_bytes(alone) : 0;
+  throw ConfigError(what + ": its predicted peak, " + std::to_string(bytes) +
+                    " bytes, exceeds the micro-batch memory budget of " +
+                    std::to_string(o.max_micro_batch_bytes) +
+                    " bytes (memory.device_memory x (1 - memory.safety_margin)); lower "
+                    "packing.max_seq_len or data.max_img_size, enable activation checkpointing, "
+                    "or run `vlmtrain estimate-memory` for settings that fit");
+}
+
 class SlotAssigner {
  public:
   explicit SlotAssigner(const StepPlannerOptions& o) : o_(o) {
-    plan_.micro_batches.assign(o.ranks, std::vector<MicroBatch>(o.micro_steps));
+    // batch_size auto: each rank's micro-batches are opened as the packs need them.
+    plan_.micro_batches.assign(o.ranks, std::vector<MicroBatch>(o.auto_batch() ? 0 : o.micro_steps));
     rank_costs_.assign(o.ranks, 0.0);
   }
 
@@ -104,35 +133,49 @@ class SlotAssigner {
     std::stable_sort(ranks.begin(), ranks.end(),
                      [&](int64_t a, int64_t b) { return rank_costs_[a] < rank_costs_[b]; });
     for (int64_t rank : ranks) {
-      MicroBatch* best = nullptr;
-      int64_t best_bytes = 0;
-      for (MicroBatch& mb : plan_.micro_batches[rank]) {
+      std::vector<MicroBatch>& slots = plan_.micro_batches[rank];
+      // The cheapest micro-batch that can take the pack (the first in index order among equal
+      // costs): tried cheapest first, so a prediction is made only until one fits.
+      std::vector<size_t> order(slots.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return slots[a].cost < slots[b].cost; });
+      for (size_t i : order) {
         int64_t bytes = 0;
-        if (!fits(mb, pack, bytes)) continue;
-        if (best == nullptr || mb.cost < best->cost) {
-          best = &mb;
-          best_bytes = bytes;
-        }
+        if (!fits_into(o_, slots[i], pack, bytes)) continue;
+        add(rank, slots[i], pack, cost, bytes);
+        return true;
       }
-      if (best == nullptr) continue;
-      best->packs.push_back(pack);
-      best->shape.add(pack);
-      best->cost += cost;
-      best->predicted_bytes = best_bytes;
-      rank_costs_[rank] += cost;
-      plan_.supervised_tokens += pack.supervised;
-      ++plan_.packs;
-      return true;
+      if (o_.auto_batch()) {
+        // A new micro-batch on the least loaded rank, never another rank's slot: the ranks
+        // stay balanced by cost, the micro-steps grow as the packs need.
+        int64_t bytes = 0;
+        if (!fits_into(o_, MicroBatch{}, pack, bytes)) return false;
+        slots.emplace_back();
+        add(rank, slots.back(), pack, cost, bytes);
+        return true;
+      }
     }
     return false;
   }
 
-  // Whether `pack` fits an empty micro-batch at all.
-  StepPlan take() { return std::move(plan_); }
+  StepPlan take() {
+    // Every rank runs the same micro-steps: the ranks with fewer end with empty ones.
+    size_t steps = 0;
+    for (const auto& slots : plan_.micro_batches) steps = std::max(steps, slots.size());
+    for (auto& slots : plan_.micro_batches) slots.resize(steps);
+    return std::move(plan_);
+  }
 
  private:
-  bool fits(const MicroBatch& mb, const Pack& pack, int64_t& bytes) const {
-    return fits_into(o_, mb, pack, bytes);
+  void add(int64_t rank, MicroBatch& mb, const Pack& pack, double cost, int64_t bytes) {
+    mb.packs.push_back(pack);
+    mb.shape.add(pack);
+    mb.cost += cost;
+    mb.predicted_bytes = bytes;
+    rank_costs_[rank] += cost;
+    plan_.supervised_tokens += pack.supervised;
+    ++plan_.packs;
   }
 
   const StepPlannerOptions& o_;
@@ -149,12 +192,7 @@ PlanResult plan_step(const std::vector<Pack>& waiting, const std::vector<Pack>& 
   PlanResult result;
   auto place_or_defer = [&](const Pack& pack, double cost) {
     if (assigner.place(pack, cost)) return;
-    if (!fits_alone(options, pack)) {
-      throw ConfigError("step planner: a pack with " + std::to_string(pack.tokens) +
-                        " tokens and " + std::to_string(pack.crops) +
-                        " crops does not fit an empty micro-batch under max_crops_per_micro_batch"
-                        " / the memory cap; raise the cap or lower max_crops_per_pack");
-    }
+    if (!fits_alone(options, pack)) no_room_for(pack, options);
     result.deferred.push_back(pack);
   };
   for (const Pack& pack : waiting) place_or_defer(pack, options.cost.cost(pack));

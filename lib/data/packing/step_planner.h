@@ -1,14 +1,22 @@
 // Step planner: which packs go to which (rank, micro-step) slot of one optimizer step.
 //
-// One step = ranks x micro_steps micro-batches of up to batch_size packs each. The planner
-// takes the packs left over from the previous step first (oldest first, so none waits
-// forever), then fresh packs longest-processing-time first (highest cost first), each into
-// the rank with the least cost so far that has a slot within the caps, and inside that rank
-// into the cheapest micro-batch with room. Caps per micro-batch: batch_size packs, crops
-// (0 = none) and predicted bytes (a predictor hook plus a byte cap; either unset = none).
-// Packs that fit no slot wait for the next step. The plan is a pure function of its inputs,
-// so every rank computes the same plan without communication; it carries the step's total
-// supervised tokens N (the loss divisor) and per micro-batch totals.
+// A fixed batch size: one step = ranks x micro_steps micro-batches of up to batch_size packs
+// each. The planner takes the packs left over from the previous step first (oldest first, so
+// none waits forever), then fresh packs longest-processing-time first (highest cost first),
+// each into the rank with the least cost so far that has a slot within the caps, and inside
+// that rank into the cheapest micro-batch with room. Caps per micro-batch: batch_size packs,
+// crops (0 = none) and predicted bytes (a predictor hook plus a byte cap; either unset =
+// none). Packs that fit no slot wait for the next step.
+//
+// batch_size 0 (auto): one step = global_batch packs, none deferred. Each goes, in the same
+// order, to the rank with the least cost so far, into its cheapest micro-batch under the caps,
+// or into a new micro-batch of that rank when none can take it; so a micro-batch holds as many
+// packs as its predicted bytes allow (image-heavy packs: fewer). Every rank then runs the
+// largest rank's count of micro-steps (the others end with empty ones).
+//
+// The plan is a pure function of its inputs, so every rank computes the same plan without
+// communication; it carries the step's total supervised tokens N (the loss divisor) and per
+// micro-batch totals.
 #pragma once
 
 #include <cstdint>
@@ -52,18 +60,25 @@ struct CostModel {
   double cost(const Pack& pack) const;
 };
 
-using MemoryPredictor = std::function<int64_t(const MicroBatchShape&)>;
+// The predicted peak bytes of a micro-batch made of `packs`, in the order the collator lays
+// them out. It may return any value above the byte cap as soon as it knows the micro-batch
+// does not fit (a cheap lower bound): only the predictions of micro-batches that fit are kept.
+using MemoryPredictor = std::function<int64_t(const std::vector<const Pack*>& packs)>;
 
 struct StepPlannerOptions {
   int64_t ranks = 1;
-  int64_t micro_steps = 1;                // gradient_accumulation_steps
-  int64_t batch_size = 1;                 // packs per micro-batch (at most)
+  int64_t micro_steps = 1;                // gradient_accumulation_steps (fixed batch_size)
+  int64_t batch_size = 1;                 // packs per micro-batch (at most); 0 = auto
+  int64_t global_batch = 0;               // batch_size auto: packs per step, all ranks
   int64_t max_crops_per_micro_batch = 0;  // 0 = no cap
   int64_t max_micro_batch_bytes = 0;      // 0 = no cap; needs predict_bytes
   MemoryPredictor predict_bytes;          // unset = no byte cap
   CostModel cost;
 
-  int64_t packs_per_step() const { return ranks * micro_steps * batch_size; }
+  bool auto_batch() const { return batch_size == 0; }
+  int64_t packs_per_step() const {
+    return auto_batch() ? global_batch : ranks * micro_steps * batch_size;
+  }
   void validate() const;  // throws ConfigError
 };
 

@@ -14,6 +14,11 @@ namespace {
 
 constexpr memory::StepState kSteadyState{true, true};
 
+memory::MemorySpec cuda_spec(memory::MemorySpec spec, bool cuda) {
+  if (cuda) spec.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
+  return spec;
+}
+
 }  // namespace
 
 int64_t MemoryBudget::usable_bytes() const {
@@ -53,9 +58,11 @@ std::optional<MemoryBudget> resolve_budget(const Config& config,
 
 MicroBatchMemory::MicroBatchMemory(memory::MemorySpec spec, memory::DeviceTarget target,
                                    memory::DeviceCorrections corrections)
-    : spec_(std::move(spec)), target_(std::move(target)), corrections_(corrections) {
-  if (target_.cuda) spec_.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
-  static_tensors_ = memory::static_tensor_bytes(spec_, kSteadyState, /*rounded=*/false);
+    : spec_(cuda_spec(std::move(spec), target.cuda)),
+      target_(std::move(target)),
+      corrections_(corrections),
+      static_tensors_(memory::static_tensor_bytes(spec_, kSteadyState, /*rounded=*/false)),
+      layers_(spec_, kSteadyState, static_tensors_, target_, corrections_) {
   // A one-row micro-batch with a crop and a label says whether the replay covers the config.
   const memory::BatchShape probe = memory::BatchShape::from_segments(1, 8, {8}, 1, 1);
   const memory::StepPrediction p = memory::predict_step(spec_, {probe}, kSteadyState);
@@ -64,9 +71,7 @@ MicroBatchMemory::MicroBatchMemory(memory::MemorySpec spec, memory::DeviceTarget
 
 int64_t MicroBatchMemory::on_target(int64_t tensor_peak) const {
   if (!target_.cuda) return tensor_peak;
-  return memory::device_breakdown(spec_, kSteadyState, tensor_peak, static_tensors_, target_,
-                                  corrections_)
-      .device;
+  return layers_.at(tensor_peak).device;
 }
 
 int64_t MicroBatchMemory::predict(const memory::BatchShape& shape) const {

@@ -71,6 +71,7 @@ class MicroBatchMemory {
   memory::DeviceTarget target_;
   memory::DeviceCorrections corrections_;
   int64_t static_tensors_ = 0;
+  memory::DeviceLayers layers_;
   std::string why_not_;
 };
 

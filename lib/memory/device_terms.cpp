@@ -128,12 +128,11 @@ int64_t cublas_workspace_bytes(const DeviceTarget& target) {
   return target.gpu.compute_capability == 90 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8;
 }
 
-DeviceBreakdown device_breakdown(const MemorySpec& spec, StepState before, int64_t tensor_peak,
-                                 int64_t tensor_static, const DeviceTarget& target,
-                                 const DeviceCorrections& corrections) {
-  DeviceBreakdown b;
+DeviceLayers::DeviceLayers(const MemorySpec& spec, StepState before, int64_t tensor_static,
+                           const DeviceTarget& target, const DeviceCorrections& corrections)
+    : target_(target), corrections_(corrections) {
+  DeviceBreakdown& b = fixed_;
   b.cuda = target.cuda;
-  b.tensors = tensor_peak;
   b.static_tensors = tensor_static;
   SegmentPacking packing;
   if (target.cuda) {
@@ -154,6 +153,21 @@ DeviceBreakdown device_breakdown(const MemorySpec& spec, StepState before, int64
       }
     }
   }
+  if (target.cuda) b.segment_slack = packing.segments() - packing.blocks;
+  b.cuda_context = target.cuda ? corrections.cuda_context_bytes : 0;
+  if (target.cuda && target.ranks > 1) {
+    // Per channel, the ring's connections to the previous and the next rank, each with the
+    // buffers of the three protocols (Simple: NCCL_BUFFSIZE, LL, LL128).
+    b.nccl_buffers =
+        target.nccl_channels * 2 * (target.nccl_buffsize + kNcclLlBuffSize + kNcclLl128BuffSize);
+  }
+}
+
+DeviceBreakdown DeviceLayers::at(int64_t tensor_peak) const {
+  DeviceBreakdown b = fixed_;
+  const int64_t tensor_static = b.static_tensors;
+  const DeviceCorrections& corrections = corrections_;
+  b.tensors = tensor_peak;
   const int64_t uncalibrated = tensor_peak + b.block_rounding + b.cublas_workspaces;
   // The scale applies to the part of the step above the model states, the offset to the whole.
   const double above = static_cast<double>(uncalibrated - tensor_static);
@@ -162,21 +176,19 @@ DeviceBreakdown device_breakdown(const MemorySpec& spec, StepState before, int64
   b.calibration = b.allocated - uncalibrated;
   b.reserved = b.allocated;
   b.device = b.allocated;
-  if (!target.cuda) return b;
+  if (!target_.cuda) return b;
 
-  b.segment_slack = packing.segments() - packing.blocks;
   const int64_t transient = std::max<int64_t>(0, b.allocated - tensor_static);
   b.fragmentation = llround_bytes(corrections.fragmentation * static_cast<double>(transient));
   b.reserved = b.allocated + b.segment_slack + b.fragmentation;
-  b.cuda_context = corrections.cuda_context_bytes;
-  if (target.ranks > 1) {
-    // Per channel, the ring's connections to the previous and the next rank, each with the
-    // buffers of the three protocols (Simple: NCCL_BUFFSIZE, LL, LL128).
-    b.nccl_buffers =
-        target.nccl_channels * 2 * (target.nccl_buffsize + kNcclLlBuffSize + kNcclLl128BuffSize);
-  }
   b.device = b.reserved + b.cuda_context + b.cublas_outside + b.nccl_buffers;
   return b;
+}
+
+DeviceBreakdown device_breakdown(const MemorySpec& spec, StepState before, int64_t tensor_peak,
+                                 int64_t tensor_static, const DeviceTarget& target,
+                                 const DeviceCorrections& corrections) {
+  return DeviceLayers(spec, before, tensor_static, target, corrections).at(tensor_peak);
 }
 
 }  // namespace vlm::memory

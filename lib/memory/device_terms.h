@@ -133,4 +133,18 @@ DeviceBreakdown device_breakdown(const MemorySpec& spec, StepState before, int64
                                  int64_t tensor_static, const DeviceTarget& target,
                                  const DeviceCorrections& corrections = {});
 
+// The same for many tensor peaks of one run: the terms of the model states, the workspaces,
+// the context and NCCL computed once (device_breakdown(...) == DeviceLayers(...).at(peak)).
+class DeviceLayers {
+ public:
+  DeviceLayers(const MemorySpec& spec, StepState before, int64_t tensor_static,
+               const DeviceTarget& target, const DeviceCorrections& corrections = {});
+  DeviceBreakdown at(int64_t tensor_peak) const;
+
+ private:
+  DeviceTarget target_;
+  DeviceCorrections corrections_;
+  DeviceBreakdown fixed_;  // the terms that do not depend on the tensor peak
+};
+
 }  // namespace vlm::memory

@@ -25,6 +25,9 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
     return p;
   }
   bool gradients = before.gradients;
+  // Where the peak is, named once at the end (the sampler predicts millions of micro-batches).
+  size_t peak_micro = 0;
+  const char* peak_where = nullptr;
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     const BatchShape& shape = micro_batches[k];
     // The first backward of the process creates the gradients of the modules it reaches: a
@@ -40,11 +43,11 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
       return p;
     }
     const int64_t base = live + batch_tensor_bytes(spec, shape);
-    const std::string micro = "micro-step " + std::to_string(k + 1);
     p.forward_peak = std::max(p.forward_peak, base + phases.forward);
     if (base + phases.forward > p.peak_bytes) {
       p.peak_bytes = base + phases.forward;
-      p.peak_phase = micro + " forward";
+      peak_micro = k;
+      peak_where = " forward";
     }
     // The trainer's backward (step_runner.cpp, run_one) holds the objective `loss_sum * inv_n`
     // (4 B) where step_peaks holds the forward's supervised count (8 B), which the trainer has
@@ -53,7 +56,8 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
     p.backward_peak = std::max(p.backward_peak, backward);
     if (backward > p.peak_bytes) {
       p.peak_bytes = backward;
-      p.peak_phase = micro + " backward";
+      peak_micro = k;
+      peak_where = " backward";
     }
     if (!gradients) live += statics.gradient_bytes();
     gradients = true;
@@ -64,6 +68,8 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
   if (optimizer > p.peak_bytes) {
     p.peak_bytes = optimizer;
     p.peak_phase = "optimizer";
+  } else if (peak_where) {
+    p.peak_phase = "micro-step " + std::to_string(peak_micro + 1) + peak_where;
   }
   p.modelled = true;
   return p;

@@ -118,6 +118,9 @@ bool fits_alone(const StepPlannerOptions& o, const Pack& pack) {
                     "or run `vlmtrain estimate-memory` for settings that fit");
 }
 
+// batch_size auto: the micro-batches of a rank a pack tries before a new one is opened.
+constexpr size_t kAutoTries = 4;
+
 class SlotAssigner {
  public:
   explicit SlotAssigner(const StepPlannerOptions& o) : o_(o) {
@@ -140,7 +143,11 @@ class SlotAssigner {
       std::iota(order.begin(), order.end(), size_t{0});
       std::stable_sort(order.begin(), order.end(),
                        [&](size_t a, size_t b) { return slots[a].cost < slots[b].cost; });
+      size_t tried = 0;
       for (size_t i : order) {
+        // batch_size auto: when the cheapest few cannot take the pack, the fuller ones will
+        // hardly do better; each try is a prediction, so a new micro-batch is opened instead.
+        if (o_.auto_batch() && tried++ == kAutoTries) break;
         int64_t bytes = 0;
         if (!fits_into(o_, slots[i], pack, bytes)) continue;
         add(rank, slots[i], pack, cost, bytes);

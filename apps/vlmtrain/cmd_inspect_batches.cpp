@@ -5,10 +5,16 @@
 #include <iostream>
 
 #include "commands.h"
+#include "core/error.h"
 #include "core/logging.h"
+#include "core/memory_calibration_file.h"
 #include "data/batch/batch_report.h"
 #include "data/batch/loader.h"
 #include "data/data_setup.h"
+#include "estimate/estimate.h"
+#include "estimate/sampler.h"
+#include "estimate/shapes.h"
+#include "runtime/torch_info.h"
 #include "spec/derived.h"
 
 namespace vlm::app {
@@ -27,28 +33,61 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The sampler's memory model for this config as `train` would plan it (docs/sampler.md): on
+// this machine's CPU, or for the GPU memory.device_memory names; with the calibration entry of
+// memory.calibration for that device when it has one.
+estimate::MicroBatchMemory micro_batch_memory(const Config& config,
+                                              const std::optional<estimate::MemoryBudget>& budget,
+                                              int64_t ranks) {
+  memory::DeviceTarget target = memory::DeviceTarget::cpu();
+  target.ranks = ranks;
+  if (const auto torch = memory::parse_torch_version(runtime::torch_version())) target.torch = *torch;
+  if (budget) target = budget->target;
+  memory::DeviceCorrections corrections;
+  if (!config.memory.calibration.empty()) {
+    const CalibrationFile file = read_calibration_file(config.memory.calibration);
+    corrections = estimate::calibration_for(&file, config.memory.calibration, target).corrections;
+  }
+  return estimate::MicroBatchMemory(estimate::run_spec(config, target.cuda), target, corrections);
+}
+
 int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
   const LoadedConfig loaded = load_config_and_logging(global, true);
   log_start_banner(global, loaded);
   const Config& config = loaded.config;
+  memory::DeviceTarget here = memory::DeviceTarget::cpu();
+  here.ranks = args.ranks;
+  if (const auto torch = memory::parse_torch_version(runtime::torch_version())) here.torch = *torch;
+  const std::optional<estimate::MemoryBudget> budget = estimate::resolve_budget(config, here, 0);
+  const estimate::MicroBatchMemory memory = micro_batch_memory(config, budget, args.ranks);
+  const bool modelled = memory.why_not().empty();
+  if (!modelled) spdlog::info("memory model: no predictions for this config ({})", memory.why_not());
+  data::MemoryCap cap;
+  if (budget && modelled) cap = {memory.planner_hook(budget->usable_bytes()), budget->usable_bytes()};
+  if (config.train.batch_size_auto() && !cap.predict) {
+    spdlog::info("memory budget: none (memory.device_memory auto on the CPU and no "
+                 "memory.simulate_device_bytes): each micro-batch takes a rank's whole share of "
+                 "the step");
+  }
   // A length stream needs neither tokenizer nor images: only the planning stages run.
   std::unique_ptr<data::DataSetup> setup;
   std::unique_ptr<data::PlanningPipeline> pipeline;
   data::LoaderOptions loader_options;
   if (args.lengths.empty()) {
-    setup = std::make_unique<data::DataSetup>(config, args.ranks);
+    setup = std::make_unique<data::DataSetup>(config, args.ranks, cap);
     pipeline = setup->training_pipeline();
     loader_options = setup->loader_options(0);
     loader_options.collate.decode_images = !args.no_decode;
   } else {
-    pipeline = data::length_pipeline(config, args.ranks, args.lengths);
+    pipeline = data::length_pipeline(config, args.ranks, args.lengths, cap);
     loader_options.workers = 0;
     loader_options.collate.decode_images = false;  // a length stream has no pixels
   }
 
   data::BatchReport report({config.packing.max_seq_len,
                             spec::patches_per_crop(config.model.dims.vision), args.ranks,
-                            data::worst_case(data::worst_case_inputs(config))});
+                            data::worst_case(data::worst_case_inputs(config)), modelled,
+                            cap.predict ? cap.bytes : 0});
   // Steps are planned for every rank; rank 0's micro-batches are also decoded and collated,
   // which is the loader's real work (not for length streams or with --no-decode).
   const int64_t max_steps = args.lengths.empty() ? args.steps : 0;  // a length stream: all of it
@@ -59,6 +98,15 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
     for (int64_t step = 0; max_steps == 0 || step < max_steps; ++step) {
       std::optional<data::LoadedStep> loaded_step = loader.next();
       if (!loaded_step) break;
+      if (modelled) {
+        // The planner predicted the micro-batches it held to a budget; the others here.
+        for (auto& rank : loaded_step->plan.micro_batches) {
+          for (auto& micro : rank) {
+            if (micro.packs.empty() || micro.predicted_bytes > 0) continue;
+            micro.predicted_bytes = memory.predict(estimate::batch_shape(micro.packs));
+          }
+        }
+      }
       report.add_step(loaded_step->step, loaded_step->plan);
       for (const auto& batch : loaded_step->batches) {
         decoded_images += batch.images;

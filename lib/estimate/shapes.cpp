@@ -49,14 +49,21 @@ memory::BatchShape batch_shape(const std::vector<const data::Pack*>& packs) {
 
 std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
                                                   const data::WorstCase& worst) {
-  const int64_t rows = config.train.rows_by_limits();
+  return worst_case_shapes(config, worst, config.train.rows_by_limits());
+}
+
+std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
+                                                  const data::WorstCase& worst, int64_t rows) {
   const int64_t tokens = config.packing.max_seq_len;
   const int64_t row_tokens = round_up(tokens, 8);
   const int64_t per_crop = spec::image_tokens_per_crop(config.model.dims);
   std::vector<int64_t> segments;
   for (int64_t r = 0; r < rows; ++r) add_row(tokens, row_tokens, segments);
 
-  const int64_t max_crops = worst.crops_per_micro_batch;
+  int64_t max_crops = rows * worst.crops_per_pack;
+  if (config.train.max_crops_per_micro_batch > 0) {
+    max_crops = std::min(max_crops, config.train.max_crops_per_micro_batch);
+  }
   constexpr int64_t kIntervals = 64;
   std::vector<int64_t> crop_counts;
   for (int64_t k = 0; k <= kIntervals; ++k) {

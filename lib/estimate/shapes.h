@@ -29,5 +29,10 @@ memory::BatchShape batch_shape(const std::vector<data::Pack>& packs);
 // evenly spaced, both ends included.
 std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
                                                   const data::WorstCase& worst);
+// The same for micro-batches of `rows` rows (the memory-aware sampler's heaviest micro-batch:
+// as many of the heaviest packs as its budget admits), with rows x crops_per_pack crops at most
+// (train.max_crops_per_micro_batch still applies).
+std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
+                                                  const data::WorstCase& worst, int64_t rows);
 
 }  // namespace vlm::estimate

@@ -56,6 +56,9 @@ class MemoryPredictor {
   nlohmann::json run_record(int64_t step) const;
   // A calibration entry corrects the predictions.
   bool calibrated() const { return entry_.has_value(); }
+  const memory::MemorySpec& spec() const { return spec_; }
+  const memory::DeviceTarget& target() const { return target_; }
+  const memory::DeviceCorrections& corrections() const { return corrections_; }
 
   // One step's predicted and measured peaks (each the max over ranks); `comparable` is false
   // when the step was redone after an OOM (the measured peak includes the failed attempt).

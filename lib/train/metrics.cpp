@@ -88,6 +88,7 @@ json StepMetrics::to_json() const {
     record["memory/predicted_reserved_bytes"] = *predicted_reserved_bytes;
   if (predicted_device_bytes) record["memory/predicted_device_bytes"] = *predicted_device_bytes;
   if (device_overhead_bytes) record["memory/device_overhead_bytes"] = *device_overhead_bytes;
+  if (budget_bytes) record["memory/budget_bytes"] = *budget_bytes;
   if (mfu) record["mfu"] = finite_or_null(*mfu);
   return record;
 }

@@ -78,6 +78,8 @@ struct StepMetrics {
   std::optional<int64_t> predicted_reserved_bytes;  // [memory/predicted_reserved_bytes]
   std::optional<int64_t> predicted_device_bytes;    // [memory/predicted_device_bytes]
   std::optional<int64_t> device_overhead_bytes;     // [memory/device_overhead_bytes]
+  // The sampler's memory budget in force (docs/sampler.md); absent without one.
+  std::optional<int64_t> budget_bytes;  // [memory/budget_bytes]
 
   int64_t oom_retries = 0;    // [oom_retries] micro-batch splits redone after OOM in this step
   int64_t skipped_steps = 0;  // [skipped_steps] steps skipped so far (non-finite gradients)

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "data/data_setup.h"
 #include "data/packing/worst_case.h"
 #include "runtime/memory_stats.h"
@@ -40,11 +41,34 @@ int64_t trial_step(const Config& config, const PreflightTarget& t, int64_t rows,
 }  // namespace
 
 void run_preflight(const Config& config, const PreflightTarget& t) {
-  // Nothing to measure against without a budget: real CUDA memory or a simulated CPU cap.
-  if (!t.device.is_cuda() && config.memory.simulate_device_bytes.bytes == 0) return;
   const data::WorstCase worst = data::worst_case(data::worst_case_inputs(config));
-  const int64_t rows = config.train.rows_by_limits(), T = config.packing.max_seq_len;
-  const int64_t crops = worst.crops_per_micro_batch;
+  const int64_t T = config.packing.max_seq_len;
+  int64_t rows = config.train.rows_by_limits();
+  int64_t crops = worst.crops_per_micro_batch;
+  // The prediction first.
+  const int64_t most_rows = config.train.batch_size_auto()
+                                ? (config.train.global_batch_size + t.ranks - 1) / t.ranks
+                                : config.train.batch_size;
+  if (const auto heaviest = t.budget ? t.budget->heaviest(config, most_rows) : std::nullopt) {
+    if (heaviest->rows == 0) {
+      throw Error(ExitCode::kOutOfMemory,
+                  "preflight: the heaviest pack this config allows (" + std::to_string(T) +
+                      " tokens, " + std::to_string(worst.crops_per_pack) +
+                      " crops) is predicted to need " + format_bytes(heaviest->one_row) +
+                      ", over the memory budget of " + format_bytes(t.budget->usable_bytes()) +
+                      " (" + t.budget->source() +
+                      ", less memory.safety_margin); `vlmtrain estimate-memory` recommends "
+                      "settings that fit");
+    }
+    spdlog::info("preflight: the heaviest micro-batch the budget admits ({} x {} tokens, {} "
+                 "crops) is predicted at {} of {}",
+                 heaviest->rows, T, heaviest->crops, format_bytes(heaviest->predicted),
+                 format_bytes(t.budget->usable_bytes()));
+    rows = heaviest->rows;
+    crops = heaviest->crops;
+  }
+  // Nothing to measure against without memory: real CUDA memory or a simulated CPU cap.
+  if (!t.device.is_cuda() && config.memory.simulate_device_bytes.bytes == 0) return;
   try {
     trial_step(config, t, rows, T, crops);
     spdlog::info("preflight: the heaviest micro-batch ({} x {} tokens, {} crops) fits", rows, T,

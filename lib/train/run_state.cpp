@@ -6,9 +6,6 @@
 namespace vlm::train {
 
 nlohmann::json to_json(const TrainerState& s) {
-  // JSON has no infinity: an unset cap is null.
-  const nlohmann::json cap =
-      std::isfinite(s.run.split_cost_cap) ? nlohmann::json(s.run.split_cost_cap) : nlohmann::json();
   return {
       {"step", s.run.step},
       {"world_size", s.world_size},
@@ -16,7 +13,7 @@ nlohmann::json to_json(const TrainerState& s) {
       {"data_cursor", s.data_cursor},
       {"skipped_steps", s.run.skipped_steps},
       {"consecutive_nonfinite", s.run.consecutive_nonfinite},
-      {"split_cost_cap", cap},
+      {"learned_budget_bytes", s.run.learned_budget_bytes},
       {"clean_steps", s.run.clean_steps},
       {"loss_scaler", s.loss_scaler},
       {"cpu_rng_state", s.cpu_rng_state},
@@ -34,9 +31,8 @@ TrainerState trainer_state_from_json(const nlohmann::json& j) {
   s.run.step = j.at("step").get<int64_t>();
   s.run.skipped_steps = j.at("skipped_steps").get<int64_t>();
   s.run.consecutive_nonfinite = j.at("consecutive_nonfinite").get<int64_t>();
-  const auto& cap = j.at("split_cost_cap");
-  s.run.split_cost_cap =
-      cap.is_null() ? std::numeric_limits<double>::infinity() : cap.get<double>();
+  // Checkpoints from before the sampler learned in bytes carry a cost cap instead: none then.
+  s.run.learned_budget_bytes = j.value("learned_budget_bytes", int64_t{0});
   s.run.clean_steps = j.at("clean_steps").get<int64_t>();
   s.world_size = j.at("world_size").get<int>();
   s.config_hash = j.at("config_hash").get<std::string>();
@@ -51,7 +47,9 @@ TrainerState trainer_state_from_json(const nlohmann::json& j) {
   if (r.consecutive_nonfinite < 0 || r.consecutive_nonfinite > r.step) {
     throw field_error("consecutive_nonfinite", j.at("consecutive_nonfinite"));
   }
-  if (!(r.split_cost_cap > 0)) throw field_error("split_cost_cap", j.at("split_cost_cap"));
+  if (r.learned_budget_bytes < 0) {
+    throw field_error("learned_budget_bytes", j.at("learned_budget_bytes"));
+  }
   if (r.clean_steps < 0) throw field_error("clean_steps", j.at("clean_steps"));
   if (s.world_size < 1) throw field_error("world_size", j.at("world_size"));
   if (!s.data_cursor.is_object()) throw field_error("data_cursor", j.at("data_cursor"));

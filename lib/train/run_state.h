@@ -15,9 +15,9 @@ struct RunState {
   int64_t step = 0;  // optimizer steps completed
   int64_t skipped_steps = 0;
   int64_t consecutive_nonfinite = 0;
-  // Micro-batches whose planner cost exceeds this are split before they run (step_runner.h);
-  // infinity until the first OOM.
-  double split_cost_cap = std::numeric_limits<double>::infinity();
+  // Learned from out-of-memory errors (train/memory_budget.h): micro-batches predicted above
+  // it are split before they run; 0 until the first OOM.
+  int64_t learned_budget_bytes = 0;
   int64_t clean_steps = 0;  // steps without an OOM since the cap last changed
 };
 

@@ -21,10 +21,6 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-constexpr double kCapAfterOom = 0.9;
-constexpr double kCapGrowth = 1.25;
-constexpr int64_t kCleanStepsToGrow = 50;
-
 }  // namespace
 
 void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step, StepWork& work) {
@@ -53,9 +49,11 @@ void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step
   work.loss_sum += loss_sum.item<double>();
 }
 
-void StepRunner::pre_split(std::vector<data::HostBatch>& sub_batches, double cost_cap) const {
+void StepRunner::pre_split(std::vector<data::HostBatch>& sub_batches, int64_t cap_bytes) const {
+  if (cap_bytes <= 0 || !c_.budget) return;
   for (size_t i = 0; i < sub_batches.size();) {
-    if (sub_batches[i].source.cost > cost_cap) {
+    const std::optional<int64_t> bytes = c_.budget->predict(sub_batches[i]);
+    if (bytes && *bytes > cap_bytes) {
       if (auto halves = data::split_host_batch(sub_batches[i], c_.collate)) {
         sub_batches[i] = std::move(halves->first);
         sub_batches.insert(sub_batches.begin() + static_cast<std::ptrdiff_t>(i) + 1,
@@ -83,7 +81,7 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
     bool oom_anywhere = false;
     std::optional<std::pair<size_t, size_t>> offending;  // (slot, sub-batch) on this rank
     for (size_t slot = 0; slot < slots.size() && !oom_anywhere; ++slot) {
-      pre_split(slots[slot], state.split_cost_cap);
+      pre_split(slots[slot], c_.budget ? c_.budget->in_force(state) : 0);
       bool oom_here = false;
       for (size_t k = 0; k < slots[slot].size() && !oom_here; ++k) {
         try {
@@ -108,10 +106,11 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
     runtime::empty_cache(c_.device);
     ++retries;
     bool unsplittable = false;
+    int64_t proposal = 0;  // this rank's learned budget: below the failed prediction
     if (offending) {
       auto& subs = slots[offending->first];
       data::HostBatch& failed = subs[offending->second];
-      state.split_cost_cap = std::min(state.split_cost_cap, failed.source.cost * kCapAfterOom);
+      if (c_.budget) proposal = MemoryBudgetKeeper::proposal_after_oom(c_.budget->predict(failed));
       if (auto halves = data::split_host_batch(failed, c_.collate)) {
         failed = std::move(halves->first);
         subs.insert(subs.begin() + static_cast<std::ptrdiff_t>(offending->second) + 1,
@@ -120,7 +119,13 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
         unsplittable = true;
       }
     }
-    if (c_.comm->all_reduce_max({unsplittable ? 1.0 : 0.0})[0] > 0) {
+    // Every rank agrees: whether any failed micro-batch cannot be split, and the smallest
+    // proposal for the learned budget (an unmodelled one proposes nothing).
+    constexpr double kNone = -1e300;
+    const auto agreed = c_.comm->all_reduce_max(
+        {unsplittable ? 1.0 : 0.0, proposal > 0 ? -static_cast<double>(proposal) : kNone});
+    if (c_.budget && agreed[1] > kNone) c_.budget->learn(state, static_cast<int64_t>(-agreed[1]));
+    if (agreed[0] > 0) {
       throw Error(ExitCode::kOutOfMemory,
                   "out of memory with a micro-batch of a single sample, which cannot be split "
                   "further; lower data.max_img_size or packing.max_seq_len, enable "
@@ -130,15 +135,5 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
   }
 }
 
-void StepRunner::update_cost_cap(RunState& state, int64_t oom_retries) {
-  if (oom_retries > 0) {
-    state.clean_steps = 0;
-    return;
-  }
-  if (++state.clean_steps >= kCleanStepsToGrow && std::isfinite(state.split_cost_cap)) {
-    state.split_cost_cap *= kCapGrowth;
-    state.clean_steps = 0;
-  }
-}
 
 }  // namespace vlm::train

@@ -8,10 +8,10 @@
 // and the step is redone from its first micro-batch. N is unchanged, so the result is that of
 // smaller micro-batches from the start and no sample is lost.
 //
-// A learned cost cap (RunState::split_cost_cap) then splits micro-batches heavier than 0.9x the
-// cost that failed before they run, and grows by 1.25x after 50 clean steps, so a transient
-// spike does not slow the run forever. The plan itself is not changed: it is computed ahead on
-// another thread and must stay identical on every rank.
+// Before a micro-batch runs, it is split while its predicted peak exceeds the memory budget in
+// force (train/memory_budget.h); an OOM lowers that budget below the failed micro-batch's
+// prediction on every rank, and it grows back after clean steps. The plan itself is not
+// changed: it is computed ahead on another thread and must stay identical on every rank.
 #pragma once
 
 #include <torch/torch.h>
@@ -23,6 +23,7 @@
 #include "runtime/distributed.h"
 #include "train/fault_injector.h"
 #include "train/loss_scaler.h"
+#include "train/memory_budget.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
 #include "train/progress.h"
@@ -48,6 +49,7 @@ struct StepRunnerContext {
   FaultInjector* faults = nullptr;
   ProgressOutput* progress = nullptr;  // its line is ended before a warning
   data::CollateOptions collate;        // to re-collate the halves of a split micro-batch
+  const MemoryBudgetKeeper* budget = nullptr;  // predictions and the budget in force
 };
 
 class StepRunner {
@@ -55,17 +57,15 @@ class StepRunner {
   explicit StepRunner(StepRunnerContext context) : c_(std::move(context)) {}
 
   // Runs step `step` (1-based) over this rank's micro-batches in micro-step order, leaving the
-  // step's gradients accumulated in the parameters. Lowers state.split_cost_cap after an OOM.
+  // step's gradients accumulated in the parameters. Lowers the learned budget after an OOM.
   // Throws vlm::Error(kOutOfMemory) when a micro-batch of a single sample does not fit on any
   // rank; rethrows every other error.
   StepWork run(std::vector<data::HostBatch> batches, double inv_n, int64_t step, RunState& state);
 
-  // After a step: counts it as clean or not, and grows the cost cap after enough clean steps.
-  static void update_cost_cap(RunState& state, int64_t oom_retries);
-
  private:
   void run_one(const data::HostBatch& batch, double inv_n, int64_t step, StepWork& work);
-  void pre_split(std::vector<data::HostBatch>& sub_batches, double cost_cap) const;
+  // Splits the sub-batches predicted above `cap_bytes` (0: none) while they can be split.
+  void pre_split(std::vector<data::HostBatch>& sub_batches, int64_t cap_bytes) const;
 
   StepRunnerContext c_;
 };

@@ -21,6 +21,7 @@
 #include "train/fault_injector.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
+#include "train/memory_budget.h"
 #include "train/memory_prediction.h"
 #include "train/metrics.h"
 #include "train/model_setup.h"
@@ -65,6 +66,8 @@ class Trainer {
   void save_checkpoint();
   void run_evaluation(bool final);
   TrainerState trainer_state() const;
+  // The summary's "memory_budget": null without a budget.
+  nlohmann::json budget_summary() const;
   CheckpointContents checkpoint_contents() { return {model_, *optimizer_, config_, scaler_.get()}; }
 
   const LoadedConfig& loaded_;
@@ -85,6 +88,7 @@ class Trainer {
   std::unique_ptr<ProgressOutput> progress_;
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<MemoryPredictor> memory_;
+  std::unique_ptr<MemoryBudgetKeeper> budget_;  // the sampler's budget (docs/sampler.md)
   fs::path run_dir_;
   RunState state_;
   nlohmann::json cursor_;               // data cursor after the last completed step
@@ -142,13 +146,23 @@ void Trainer::setup() {
                         parse_lr_decay(config_.train.schedule)});
   if (precision_ == Precision::kFp16) scaler_ = std::make_unique<LossScaler>();
 
-  data_ = std::make_unique<data::DataSetup>(config_, dist_.world_size);
+  budget_ = std::make_unique<MemoryBudgetKeeper>(
+      config_, *memory_,
+      device_.is_cuda() ? runtime::memory_stats(device_).device_total_bytes : 0);
+  data_ = std::make_unique<data::DataSetup>(config_, dist_.world_size, budget_->planner_cap());
   pipeline_ = data_->training_pipeline();
 
   const auto counts = spec::parameter_counts(config_.model.dims);
   spdlog::info("model {}: {} parameters (vision {}, projector {}, language {})",
                config_.model.dims.preset, counts.total(), counts.vision, counts.projector,
                counts.language);
+}
+
+nlohmann::json Trainer::budget_summary() const {
+  if (budget_->in_force(state_) <= 0) return nullptr;
+  return {{"usable_bytes", budget_->usable_bytes()},
+          {"in_force_bytes", budget_->in_force(state_)},
+          {"learned_bytes", state_.learned_budget_bytes}};
 }
 
 // --- checkpoints ----------------------------------------------------------------------------
@@ -233,7 +247,7 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   m.optimizer_ms = ms_since(t);
 
   ++state_.step;
-  StepRunner::update_cost_cap(state_, work.oom_retries);
+  budget_->step_done(state_, work.oom_retries);
   m.loss = n > 0 ? loss_total / static_cast<double>(n) : 0.0;
   m.grad_norm = grad_norm;
   m.step_ms = ms_since(start) + step.wait_ms;
@@ -300,6 +314,7 @@ void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
   m.backward_ms = work.backward_ms;
   m.oom_retries += work.oom_retries;
   m.skipped_steps = state_.skipped_steps;
+  if (const int64_t budget = budget_->in_force(state_); budget > 0) m.budget_bytes = budget;
   const auto stats = runtime::memory_stats(device_);
   // Outside the caching allocator: the context, NCCL, cuBLAS's own workspaces (and any other
   // process on the device).
@@ -399,9 +414,11 @@ ExitCode Trainer::run() {
                                                first_step);
   runner_ = std::make_unique<StepRunner>(
       StepRunnerContext{model_, optimizer_.get(), comm_.get(), device_, precision_, scaler_.get(),
-                        &faults_, progress_.get(), data_->loader_options(dist_.rank).collate});
+                        &faults_, progress_.get(), data_->loader_options(dist_.rank).collate,
+                        budget_.get()});
   if (first_step == 0 && config_.train.preflight) {
-    run_preflight(config_, {model_, *optimizer_, device_, precision_});
+    run_preflight(config_,
+                  {model_, *optimizer_, device_, precision_, budget_.get(), dist_.world_size});
   }
 
   const auto run_start = Clock::now();
@@ -451,8 +468,14 @@ ExitCode Trainer::run() {
                                         {"drops", pipeline_->drops().to_json()},
                                         {"dropped_fraction", pipeline_->dropped_fraction()},
                                         {"skipped_samples", pipeline_->skips()},
-                                        {"memory_prediction", memory_->summary()}});
+                                        {"memory_prediction", memory_->summary()},
+                                        {"memory_budget", budget_summary()}});
   if (const std::string line = memory_->summary_line(); !line.empty()) spdlog::info("{}", line);
+  if (budget_->in_force(state_) > 0) {
+    spdlog::info("memory budget in force at the end: {} bytes (usable {}{})",
+                 budget_->in_force(state_), budget_->usable_bytes(),
+                 state_.learned_budget_bytes > 0 ? ", lowered after an out-of-memory error" : "");
+  }
   spdlog::info("done: {} steps in {:.1f} s; run directory {}", state_.step - first_step, seconds,
                run_dir_.string());
   return ExitCode::kOk;

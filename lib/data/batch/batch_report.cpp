@@ -27,6 +27,14 @@ std::vector<int64_t> collect(const std::vector<MicroBatchStats>& micro, F field)
   return out;
 }
 
+// Nearest rank: the smallest value with at least q of the values at or below it.
+int64_t quantile(std::vector<int64_t> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const auto k = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size())));
+  return values[std::max<size_t>(k, 1) - 1];
+}
+
 nlohmann::json distribution(const std::vector<int64_t>& values) {
   if (values.empty()) return {{"min", 0}, {"mean", 0}, {"max", 0}};
   const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
@@ -140,11 +148,35 @@ nlohmann::json BatchReport::to_json(bool with_micro_batches, const nlohmann::jso
         {"vit_tokens_per_micro_batch",
          context_.worst.crops_per_micro_batch * context_.patches_per_crop}}},
   };
+  if (context_.predicted) j["memory"] = memory_json();
   for (const auto& [key, value] : extra.items()) j[key] = value;
   if (with_micro_batches) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& m : micro_) list.push_back(m.to_json());
     j["micro_batch_list"] = std::move(list);
+  }
+  return j;
+}
+
+nlohmann::json BatchReport::memory_json() const {
+  const std::vector<int64_t> peaks = collect(micro_, [](auto& m) { return m.predicted_bytes; });
+  const double mean =
+      peaks.empty() ? 0.0 : std::accumulate(peaks.begin(), peaks.end(), 0.0) / peaks.size();
+  nlohmann::json j = {
+      {"budget_bytes", nullptr},
+      {"predicted_peak_bytes",
+       {{"p50", quantile(peaks, 0.5)},
+        {"p99", quantile(peaks, 0.99)},
+        {"max", peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end())},
+        {"mean", mean}}},
+      {"mean_use", nullptr},
+      {"over_budget", nullptr}};
+  if (context_.budget_bytes > 0) {
+    const auto budget = static_cast<double>(context_.budget_bytes);
+    j["budget_bytes"] = context_.budget_bytes;
+    j["mean_use"] = mean / budget;
+    j["over_budget"] = std::count_if(peaks.begin(), peaks.end(),
+                                     [&](int64_t p) { return p > context_.budget_bytes; });
   }
   return j;
 }
@@ -193,6 +225,25 @@ std::string BatchReport::to_text(const nlohmann::json& extra, bool unicode) cons
       << draw_histogram(collect(micro_, [](auto& m) { return m.crops; }), 10, unicode);
   out << "images per micro-batch:\n"
       << draw_histogram(collect(micro_, [](auto& m) { return m.images; }), 10, unicode);
+  if (j.contains("memory")) {
+    const auto& mem = j["memory"];
+    const auto& p = mem["predicted_peak_bytes"];
+    const auto gib = [](const nlohmann::json& v) { return fixed(v.get<double>() / (1 << 30), 2); };
+    out << "\npredicted peak per micro-batch: p50 " << gib(p["p50"]) << " GiB, p99 "
+        << gib(p["p99"]) << " GiB, max " << gib(p["max"]) << " GiB, mean " << gib(p["mean"])
+        << " GiB\n";
+    if (context_.budget_bytes > 0) {
+      out << "memory budget " << gib(mem["budget_bytes"]) << " GiB: mean use "
+          << fixed(100 * mem["mean_use"].get<double>(), 1) << "%, " << mem["over_budget"]
+          << " micro-batches over it\nuse of the budget per micro-batch (%):\n"
+          << draw_histogram(collect(micro_,
+                                    [&](auto& m) {
+                                      return static_cast<int64_t>(100.0 * m.predicted_bytes /
+                                                                  context_.budget_bytes);
+                                    }),
+                            10, unicode);
+    }
+  }
   const auto& w = j["worst_micro_batch"];
   const auto& t = j["theoretical_worst"];
   if (!w.is_null()) {

@@ -39,6 +39,10 @@ struct ReportContext {
   int64_t patches_per_crop = 1024;
   int64_t ranks = 1;
   WorstCase worst;
+  // Every micro-batch's predicted peak is in its predicted_bytes (the memory model covers the
+  // config), and the memory budget it is held to (0: none).
+  bool predicted = false;
+  int64_t budget_bytes = 0;
 };
 
 class BatchReport {
@@ -58,6 +62,8 @@ class BatchReport {
   const std::vector<MicroBatchStats>& micro_batches() const { return micro_; }
 
  private:
+  nlohmann::json memory_json() const;  // "memory": predicted peaks against the budget
+
   ReportContext context_;
   std::vector<MicroBatchStats> micro_;
   std::vector<double> step_imbalance_;

@@ -119,7 +119,9 @@ bool in_range(double v, const RealRange& r) {
 }  // namespace
 
 void YamlReader::field(int64_t& value, const char* key, const char*, const IntRange& range) {
-  const YAML::Node* node = scalar(key, range.zero_word ? "an integer or a word" : "an integer");
+  const std::string expected =
+      range.zero_word ? std::string("an integer or ") + range.zero_word : "an integer";
+  const YAML::Node* node = scalar(key, expected.c_str());
   if (!node) return;
   if (range.zero_word && node->Scalar() == range.zero_word) {
     value = 0;

@@ -75,6 +75,7 @@ json StepMetrics::to_json() const {
                  {"time/step_ms_max", step_ms_max},
                  {"memory/peak_allocated_bytes", peak_allocated_bytes},
                  {"oom_retries", oom_retries},
+                 {"micro_steps", micro_steps},
                  {"skipped_steps", skipped_steps}};
   for (const auto& [module, value] : lr) record["lr/" + module] = value;
   if (loss_scale) record["loss_scale"] = *loss_scale;

@@ -82,6 +82,7 @@ struct StepMetrics {
   std::optional<int64_t> budget_bytes;  // [memory/budget_bytes]
 
   int64_t oom_retries = 0;    // [oom_retries] micro-batch splits redone after OOM in this step
+  int64_t micro_steps = 0;    // [micro_steps] the plan's micro-batches per rank in this step
   int64_t skipped_steps = 0;  // [skipped_steps] steps skipped so far (non-finite gradients)
   std::optional<double> mfu;  // [mfu] model FLOPs utilisation in [0, 1]; absent if unknown
 

@@ -38,6 +38,29 @@ int64_t trial_step(const Config& config, const PreflightTarget& t, int64_t rows,
   return crops;
 }
 
+// The most crops a one-pack micro-batch may carry and still be predicted within the budget
+// (0 when not even one crop does; a cap of 0 means none), by bisection over the crop cap.
+int64_t crops_that_fit(const Config& config, const MemoryBudgetKeeper& budget, int64_t most) {
+  const auto fits = [&](int64_t crops) {
+    Config capped = config;
+    capped.train.max_crops_per_micro_batch = crops;
+    capped.packing.max_crops_per_pack = crops;
+    const auto h = budget.heaviest(capped, 1);
+    return h && h->rows > 0;
+  };
+  if (most < 1 || !fits(1)) return 0;
+  int64_t lo = 1, hi = most;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 }  // namespace
 
 void run_preflight(const Config& config, const PreflightTarget& t) {
@@ -51,14 +74,20 @@ void run_preflight(const Config& config, const PreflightTarget& t) {
                                 : config.train.batch_size;
   if (const auto heaviest = t.budget ? t.budget->heaviest(config, most_rows) : std::nullopt) {
     if (heaviest->rows == 0) {
-      throw Error(ExitCode::kOutOfMemory,
-                  "preflight: the heaviest pack this config allows (" + std::to_string(T) +
-                      " tokens, " + std::to_string(worst.crops_per_pack) +
-                      " crops) is predicted to need " + format_bytes(heaviest->one_row) +
-                      ", over the memory budget of " + format_bytes(t.budget->usable_bytes()) +
-                      " (" + t.budget->source() +
-                      ", less memory.safety_margin); `vlmtrain estimate-memory` recommends "
-                      "settings that fit");
+      const int64_t fits = crops_that_fit(config, *t.budget, worst.crops_per_pack);
+      throw Error(
+          ExitCode::kOutOfMemory,
+          "preflight: the heaviest micro-batch this config allows, even of one pack (" +
+              std::to_string(T) + " tokens, " + std::to_string(worst.crops_per_pack) +
+              " crops), is predicted to need " + format_bytes(heaviest->one_row) +
+              ", over the memory budget of " + format_bytes(t.budget->usable_bytes()) + " (" +
+              t.budget->source() + ", less memory.safety_margin)" +
+              (fits > 0 ? "; " + std::to_string(fits) +
+                              " crops do: set train.max_crops_per_micro_batch and "
+                              "packing.max_crops_per_pack to " + std::to_string(fits)
+                        : "; not even one crop fits: lower packing.max_seq_len, enable "
+                          "activation checkpointing or set model.loss_chunk_tokens") +
+              "; `vlmtrain estimate-memory` recommends settings that fit");
     }
     spdlog::info("preflight: the heaviest micro-batch the budget admits ({} x {} tokens, {} "
                  "crops) is predicted at {} of {}",

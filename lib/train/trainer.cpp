@@ -309,6 +309,7 @@ void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
   m.images = totals.images;
   m.crops = totals.crops;
   m.supervised_tokens = step.plan.supervised_tokens;
+  m.micro_steps = static_cast<int64_t>(step.plan.micro_batches.front().size());
   m.data_wait_ms = step.wait_ms;
   m.forward_ms = work.forward_ms;
   m.backward_ms = work.backward_ms;

@@ -65,13 +65,13 @@ TEST_CASE("unknown keys name file:line and the closest valid key") {
 
 TEST_CASE("wrong types and out-of-range values name the value and the allowed range") {
   CHECK(error_of("train:\n  batch_size: 0\n") ==
-        "FILE:2:15: train.batch_size: 0 is out of range: allowed [1, 65536]");
+        "FILE:2:15: train.batch_size: 0 is out of range: allowed auto or [1, 65536]");
   CHECK(error_of("train:\n  batch_size: -3\n") ==
-        "FILE:2:15: train.batch_size: -3 is out of range: allowed [1, 65536]");
+        "FILE:2:15: train.batch_size: -3 is out of range: allowed auto or [1, 65536]");
   CHECK(error_of("train:\n  batch_size: four\n") ==
-        "FILE:2:15: train.batch_size: expected an integer, got 'four'");
+        "FILE:2:15: train.batch_size: expected an integer or auto, got 'four'");
   CHECK(error_of("train:\n  batch_size: 2.5\n") ==
-        "FILE:2:15: train.batch_size: expected an integer, got '2.5'");
+        "FILE:2:15: train.batch_size: expected an integer or auto, got '2.5'");
   CHECK(error_of("train:\n  grad_clip: fast\n") ==
         "FILE:2:14: train.grad_clip: expected a number, got 'fast'");
   CHECK(error_of("train:\n  precision: bf61\n") ==
@@ -80,7 +80,7 @@ TEST_CASE("wrong types and out-of-range values name the value and the allowed ra
   CHECK(error_of("model:\n  checkpoint_vision: maybe\n") ==
         "FILE:2:22: model.checkpoint_vision: expected true or false, got 'maybe'");
   CHECK(error_of("train:\n  batch_size: [1, 2]\n") ==
-        "FILE:2:15: train.batch_size: expected an integer, got a list");
+        "FILE:2:15: train.batch_size: expected an integer or auto, got a list");
   CHECK(error_of("train: 5\n") == "FILE:1:8: train: expected a mapping of keys (a section)");
   CHECK(error_of("memory:\n  simulate_device_bytes: lots\n").find("expected a byte size such as") !=
         std::string::npos);
@@ -174,7 +174,7 @@ TEST_CASE("overrides (--set) apply in order, parse YAML and validate like the fi
   CHECK(loaded.where("train.batch_size").str() == "--set train.batch_size=3");
 
   CHECK(error_of("{}", {"train.batch_size=0"}) ==
-        "--set train.batch_size=0: train.batch_size: 0 is out of range: allowed [1, 65536]");
+        "--set train.batch_size=0: train.batch_size: 0 is out of range: allowed auto or [1, 65536]");
   CHECK(error_of("{}", {"train.bach_size=2"}) ==
         "--set train.bach_size=2: unknown key 'train.bach_size' (did you mean "
         "'train.batch_size'?)");
@@ -310,7 +310,7 @@ TEST_CASE("the schema lists every key with type, default and doc") {
     CHECK_FALSE(e->type.empty());
   }
   CHECK(find("train.batch_size")->default_value == "4");
-  CHECK(find("train.batch_size")->allowed == "[1, 65536]");
+  CHECK(find("train.batch_size")->allowed == "auto or [1, 65536]");
   CHECK(find("train.precision")->type == "enum");
   CHECK(find("train.precision")->allowed == "one of: bf16, fp16, fp32");
 }
@@ -325,4 +325,30 @@ TEST_CASE("memory.calibration: a path, empty by default, from a file or --set") 
   CHECK(load_config(path, {"memory.calibration=other.json"}).config.memory.calibration ==
         "other.json");
   CHECK(error_of("memory:\n  calibration: [a, b]\n").find("FILE:2:16: memory.calibration") == 0);
+}
+
+TEST_CASE("train.batch_size auto: read, printed and checked against global_batch_size") {
+  TempDir dir;
+  const auto path = write_file(dir / "c.yaml",
+                               "train:\n  batch_size: auto\n  global_batch_size: 32\n");
+  const auto loaded = load_config(path);
+  CHECK(loaded.config.train.batch_size_auto());
+  CHECK(loaded.config.train.rows_by_limits() == 1);
+  CHECK(loaded.config.train.global_batch_size == 32);
+  const std::string printed = vlm::to_yaml(loaded.config, false);
+  CHECK(printed.find("batch_size: auto") != std::string::npos);
+  CHECK(vlm::to_json(loaded.config)["train"]["batch_size"] == "auto");
+  const auto reloaded = load_config(write_file(dir / "printed.yaml", printed));
+  CHECK(vlm::config_hash(reloaded.config) == vlm::config_hash(loaded.config));
+
+  CHECK(error_of("train:\n  batch_size: auto\n") ==
+        "FILE:2:15: train.batch_size auto needs train.global_batch_size: the packs of one "
+        "optimizer step over all ranks (the micro-batches are then sized by memory)");
+  CHECK(error_of("train:\n  batch_size: auto\n  global_batch_size: 8\n"
+                 "  gradient_accumulation_steps: 4\n")
+            .find("FILE:4:32: train.gradient_accumulation_steps = 4 does not apply") == 0);
+  CHECK(error_of("train:\n  batch_size: 2\n  global_batch_size: 8\n")
+            .find("FILE:3:22: train.global_batch_size is for train.batch_size auto") == 0);
+  CHECK(error_of("train:\n  batch_size: Auto\n") ==
+        "FILE:2:15: train.batch_size: expected an integer or auto, got 'Auto'");
 }

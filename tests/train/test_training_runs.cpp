@@ -192,10 +192,12 @@ CATCH_TEST_CASE("an OOM splits the micro-batch and gives the result of small mic
       small.path(), "--set train.batch_size=1 --set train.gradient_accumulation_steps=2")));
   const int64_t peak = peak_bytes(small.path());
   // Two packs per micro-batch need about twice the activations of one: capped near the
-  // one-pack peak, the 2-pack micro-batches run out of memory and are split.
+  // one-pack peak, the 2-pack micro-batches run out of memory and are split. The planner is
+  // told of a far larger device (memory.device_memory), or it would not form them.
   const int64_t cap = peak + peak / 4;
   require_ok(run_vlmtrain(run_args(capped.path(),
                                    "--set train.batch_size=2 --set train.preflight=false "
+                                   "--set memory.device_memory=1TiB "
                                    "--set memory.simulate_device_bytes=" +
                                        std::to_string(cap))));
   int64_t retries = 0;
@@ -245,11 +247,21 @@ CATCH_TEST_CASE("an OOM inside the optimizer update stops the run with the OOM c
 
 CATCH_TEST_CASE("out of memory with a single sample ends the run with its own exit code") {
   TempDir out;
-  const auto r = run_vlmtrain(
-      run_args(out.path(), "--set memory.simulate_device_bytes=30MiB --set train.preflight=false"));
+  // The planner believes the device is large (memory.device_memory): the allocator's 30 MiB
+  // then stops a single sample.
+  const auto r = run_vlmtrain(run_args(out.path(), "--set memory.simulate_device_bytes=30MiB "
+                                                   "--set memory.device_memory=1TiB "
+                                                   "--set train.preflight=false"));
   CATCH_INFO(r.output);
   CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));
   CATCH_CHECK(r.output.find("cannot be split") != std::string::npos);
+  // Told the truth, the planner refuses the pack that cannot fit, naming the budget.
+  TempDir told;
+  const auto refused = run_vlmtrain(run_args(
+      told.path(), "--set memory.simulate_device_bytes=30MiB --set train.preflight=false"));
+  CATCH_INFO(refused.output);
+  CATCH_CHECK(refused.exit_code != 0);
+  CATCH_CHECK(refused.output.find("exceeds the micro-batch memory budget") != std::string::npos);
 }
 
 CATCH_TEST_CASE(
@@ -590,4 +602,140 @@ CATCH_TEST_CASE("text-only micro-batches with the decoder frozen train nothing a
     CATCH_CHECK(std::isfinite(step["loss"].get<double>()));
     CATCH_CHECK(step["grad_norm"].get<double>() == 0.0);
   }
+}
+
+// --- the memory-aware sampler (docs/sampler.md) ----------------------------------------------
+
+namespace {
+
+// A simulated device whose usable budget (90%) holds the model states and about three packs'
+// worth of activations, from a one-pack run's measured peak.
+int64_t three_pack_device(const fs::path& one_pack_run) {
+  const auto steps = records(one_pack_run, "step");
+  CATCH_REQUIRE(!steps.empty());
+  const int64_t statics = steps.back()["memory/predicted_static_bytes"].get<int64_t>();
+  const int64_t one = peak_bytes(one_pack_run);
+  const int64_t usable = statics + 3 * (one - statics);
+  return static_cast<int64_t>(static_cast<double>(usable) / 0.9);
+}
+
+std::string auto_batch(int64_t global, int64_t device) {
+  return " --set train.batch_size=auto --set train.global_batch_size=" + std::to_string(global) +
+         " --set memory.simulate_device_bytes=" + std::to_string(device);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("batch_size auto under a simulated budget the fixed config exceeds: 50 steps, "
+                "no OOM, most of the budget used") {
+  TempDir one, fixed, sized;
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
+  const int64_t device = three_pack_device(one.path());
+  const int64_t usable = static_cast<int64_t>(std::floor(static_cast<double>(device) * 0.9));
+  // The fixed config's heaviest micro-batch (8 packs) does not fit that device.
+  const auto check = run_vlmtrain(
+      "estimate-memory --check" +
+      run_args(fixed.path(), "--set train.batch_size=8 --set memory.simulate_device_bytes=" +
+                                 std::to_string(device))
+          .substr(std::string("train").size()));
+  CATCH_INFO(check.output);
+  CATCH_CHECK(check.exit_code == 6);
+
+  require_ok(run_vlmtrain(
+      run_args(sized.path(), "--set train.max_steps=50 --set train.warmup_steps=5" +
+                                 auto_batch(8, device))));
+  const auto steps = records(sized.path(), "step");
+  CATCH_REQUIRE(steps.size() == 50);
+  double use = 0;
+  for (const auto& s : steps) {
+    CATCH_CHECK(s["oom_retries"].get<int64_t>() == 0);
+    CATCH_CHECK(s["memory/budget_bytes"].get<int64_t>() == usable);
+    const int64_t peak = s["memory/peak_allocated_bytes"].get<int64_t>();
+    CATCH_CHECK(peak <= usable);
+    use += static_cast<double>(peak) / static_cast<double>(usable) / 50.0;
+  }
+  CATCH_INFO("mean measured peak / usable budget: " << use);
+  CATCH_CHECK(use >= 0.85);
+}
+
+CATCH_TEST_CASE("a short prediction is corrected by OOM learning: the same samples, the same "
+                "result") {
+  TempDir one, exact, shortened;
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
+  const int64_t device = three_pack_device(one.path());
+  const std::string args = "--set train.max_steps=12 --set train.preflight=false "
+                           "--set output.sample_ledger=true" + auto_batch(8, device);
+  require_ok(run_vlmtrain(run_args(exact.path(), args)));
+  require_ok(vlm::test::run_with_env("VLMTRAIN_PREDICTION_SCALE=0.6 ",
+                                     run_args(shortened.path(), args)));
+  int64_t retries = 0;
+  for (const auto& s : records(shortened.path(), "step")) retries += s["oom_retries"].get<int64_t>();
+  CATCH_CHECK(retries > 0);
+  // Lowered below the budget, and kept by the run state.
+  const auto summary = records(shortened.path(), "summary");
+  CATCH_REQUIRE(summary.size() == 1);
+  CATCH_CHECK(summary[0]["memory_budget"]["learned_bytes"].get<int64_t>() > 0);
+  // Every step trained the same samples, each once, and the splits left the result unchanged.
+  const auto a = records(exact.path() / "samples.jsonl", "samples");
+  const auto b = records(shortened.path() / "samples.jsonl", "samples");
+  CATCH_REQUIRE(a.size() == 12);
+  CATCH_REQUIRE(b.size() == 12);
+  for (size_t i = 0; i < a.size(); ++i) CATCH_CHECK(a[i]["sample_ids"] == b[i]["sample_ids"]);
+  CATCH_CHECK(max_difference(final_weights(exact.path()), final_weights(shortened.path())) < 2e-5);
+}
+
+CATCH_TEST_CASE("batch_size auto does not change the result: one micro-batch of 4 packs equals "
+                "the budget's split of them") {
+  TempDir one, whole, split;
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
+  const int64_t device = three_pack_device(one.path()) * 2 / 3;  // one or two packs
+  require_ok(run_vlmtrain(run_args(whole.path(), "--set train.batch_size=4")));
+  require_ok(run_vlmtrain(run_args(split.path(), auto_batch(4, device).substr(1))));
+  // As for gradient accumulation above: the order of floating-point sums only.
+  CATCH_CHECK(max_difference(final_weights(whole.path()), final_weights(split.path())) < 2e-5);
+  const auto la = records(whole.path(), "step"), lb = records(split.path(), "step");
+  CATCH_REQUIRE(la.size() == lb.size());
+  int64_t micro_steps = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    CATCH_CHECK(la[i]["loss"].get<double>() == Approx(lb[i]["loss"].get<double>()).epsilon(1e-5));
+    CATCH_CHECK(la[i]["samples"] == lb[i]["samples"]);
+    CATCH_CHECK(la[i]["micro_steps"].get<int64_t>() == 1);
+    micro_steps += lb[i]["micro_steps"].get<int64_t>();
+  }
+  CATCH_CHECK(micro_steps >= 2 * static_cast<int64_t>(lb.size()));  // the budget split them
+}
+
+CATCH_TEST_CASE("memory.device_memory and memory.safety_margin size the micro-batches") {
+  TempDir out;
+  // The same settings as a training run of this suite (the defaults, overridden).
+  const std::string config = vlm::test::write_file(out / "config.yaml", "{}\n");
+  const auto plan = [&](const std::string& sets) {
+    const std::string args = run_args(out.path(), "--set train.batch_size=auto "
+                                                  "--set train.global_batch_size=16 " + sets)
+                                 .substr(std::string("train").size());
+    const auto r = run_vlmtrain("inspect-batches --json --no-decode --steps 6 --config '" +
+                                config + "'" + args);
+    CATCH_INFO(r.output);
+    CATCH_REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{\n") + 1));
+    return std::make_pair(j["micro_batches"].get<int64_t>(), j["memory"]);
+  };
+  const auto [big_count, big] = plan("--set memory.device_memory=128MiB");
+  const auto [small_count, small] = plan("--set memory.device_memory=80MiB");
+  const auto [margin_count, margin] =
+      plan("--set memory.device_memory=128MiB --set memory.safety_margin=0.4");
+  CATCH_CHECK(big["budget_bytes"].get<int64_t>() == static_cast<int64_t>(128 * 1048576 * 0.9));
+  CATCH_CHECK(margin["budget_bytes"].get<int64_t>() == static_cast<int64_t>(128 * 1048576 * 0.6));
+  // A smaller budget, either way, means more and smaller micro-batches, none over it.
+  CATCH_CHECK(small_count > big_count);
+  CATCH_CHECK(margin_count > big_count);
+  for (const auto* m : {&big, &small, &margin}) {
+    CATCH_CHECK((*m)["over_budget"].get<int64_t>() == 0);
+    CATCH_CHECK((*m)["predicted_peak_bytes"]["max"].get<int64_t>() <=
+                (*m)["budget_bytes"].get<int64_t>());
+  }
+  // Without any budget (auto on the CPU, nothing simulated) a rank's share is one micro-batch.
+  const auto [none_count, none] = plan("");
+  CATCH_CHECK(none["budget_bytes"].is_null());
+  CATCH_CHECK(none_count == 6);
 }

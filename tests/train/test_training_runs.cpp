@@ -739,3 +739,32 @@ CATCH_TEST_CASE("memory.device_memory and memory.safety_margin size the micro-ba
   CATCH_CHECK(none["budget_bytes"].is_null());
   CATCH_CHECK(none_count == 6);
 }
+
+CATCH_TEST_CASE("batch_size auto on 2 Gloo processes: the ranks run the same micro-steps and "
+                "equal 1 process with the whole step of 8 packs in one micro-batch") {
+  TempDir one, whole, two;
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
+  const int64_t device = three_pack_device(one.path()) * 2 / 3;  // one or two packs
+  require_ok(run_vlmtrain(run_args(whole.path(), "--set train.batch_size=8")));
+  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
+  std::vector<std::thread> ranks;
+  std::vector<vlm::test::CommandResult> results(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      const std::string env = "RANK=" + std::to_string(rank) +
+                              " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
+                              " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
+      results[static_cast<size_t>(rank)] = vlm::test::run_with_env(
+          env, run_args(two.path(), "--set distributed.timeout_s=60" + auto_batch(8, device)));
+    });
+  }
+  for (auto& t : ranks) t.join();
+  require_ok(results[0]);
+  require_ok(results[1]);
+  CATCH_CHECK(max_difference(final_weights(whole.path()), final_weights(two.path())) < 2e-5);
+  // Each rank's 4 packs of a step did not fit one micro-batch.
+  const auto steps = records(two.path(), "step");
+  int64_t micro_steps = 0;
+  for (const auto& s : steps) micro_steps += s["micro_steps"].get<int64_t>();
+  CATCH_CHECK(micro_steps >= 2 * static_cast<int64_t>(steps.size()));
+}

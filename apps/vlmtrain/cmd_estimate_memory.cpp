@@ -15,6 +15,7 @@
 #include "core/units.h"
 #include "data/data_setup.h"
 #include "estimate/report.h"
+#include "estimate/sampler.h"
 #include "runtime/torch_info.h"
 
 namespace vlm::app {
@@ -158,15 +159,25 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   // Planned micro-batches from the data: the config's datasets or a length stream. The setups
   // stay alive as long as their pipelines (a dataset source reads through its builder).
   auto setups = std::make_shared<std::vector<std::unique_ptr<data::DataSetup>>>();
+  // With train.batch_size auto the planner sizes micro-batches by the target's budget, as
+  // training would (docs/sampler.md); without a target, a rank's share is one micro-batch.
+  const auto cap_for = [&, target](const Config& c) -> data::MemoryCap {
+    if (!c.train.batch_size_auto() || !target) return {};
+    const estimate::MicroBatchMemory memory(estimate::run_spec(c, target->device.cuda),
+                                            target->device,
+                                            calibrated(target->device).corrections);
+    if (!memory.why_not().empty()) return {};
+    return {memory.planner_hook(target->budget_bytes()), target->budget_bytes()};
+  };
   estimate::PlanFactory plan;
   if (args.data) {
-    plan = [setups, ranks = args.ranks](const Config& c) {
-      setups->push_back(std::make_unique<data::DataSetup>(c, ranks));
+    plan = [setups, ranks = args.ranks, cap_for](const Config& c) {
+      setups->push_back(std::make_unique<data::DataSetup>(c, ranks, cap_for(c)));
       return setups->back()->training_pipeline();
     };
   } else if (!args.lengths.empty()) {
-    plan = [path = args.lengths, ranks = args.ranks](const Config& c) {
-      return data::length_pipeline(c, ranks, path);
+    plan = [path = args.lengths, ranks = args.ranks, cap_for](const Config& c) {
+      return data::length_pipeline(c, ranks, path, cap_for(c));
     };
   }
   if (plan && report.worst.modelled) {

@@ -264,7 +264,10 @@ std::string to_text(const Report& r, bool bars) {
                     std::to_string(c.train.gradient_accumulation_steps) + " accumulation")
       << ")\n\n";
 
-  out << "worst-case micro-batch\n";
+  out << (c.train.batch_size_auto()
+              ? "worst-case micro-batch of one pack (batch_size auto: the memory budget bounds "
+                "every micro-batch of more, docs/sampler.md)\n"
+              : "worst-case micro-batch\n");
   out << "  " << e.shape.rows << " rows x " << e.shape.row_tokens << " tokens, " << e.shape.crops
       << " crops (" << with_commas(e.shape.crops * patches) << " ViT tokens), "
       << e.shape.supervised_tokens << " supervised tokens\n";
@@ -307,7 +310,7 @@ std::string to_text(const Report& r, bool bars) {
     out << "\ntypical micro-batches (" << r.typical_source << ": " << r.typical->steps
         << " steps, " << r.typical->micro_batches << " micro-batches): peak p50 " << gib(d.p50)
         << ", p99 " << gib(d.p99) << ", max " << gib(d.max);
-    if (e.modelled && e.step.tensors.peak_bytes > 0) {
+    if (e.modelled && e.step.tensors.peak_bytes > 0 && !c.train.batch_size_auto()) {
       out << " (" << fixed(100.0 * static_cast<double>(d.max) /
                                 static_cast<double>(e.step.tensors.peak_bytes), 0)
           << "% of the worst case)";

@@ -179,3 +179,21 @@ CATCH_TEST_CASE("estimate-memory uses memory.calibration's entry for the target 
   CATCH_CHECK(run_vlmtrain(flags).output.find("uncalibrated for A100-80GB / LibTorch 1.13") !=
               std::string::npos);
 }
+
+CATCH_TEST_CASE("estimate-memory with batch_size auto: the typical micro-batches are sized by the "
+                "target's budget") {
+  const std::string flags =
+      demo_flags("--set train.batch_size=auto --set train.global_batch_size=8 --data");
+  const json worst = estimate(flags + " --budget 64GiB");
+  const int64_t one_pack = worst["peak_bytes"].get<int64_t>();  // the heaviest pack alone
+  // A budget of about two of the heaviest packs: the planner splits the step's 8 packs.
+  const int64_t budget = 2 * one_pack;
+  const json e = estimate(flags + " --budget " + std::to_string(budget));
+  const json& typical = e["typical"];
+  CATCH_REQUIRE(typical.is_object());
+  CATCH_CHECK(typical["peak_bytes"]["max"].get<int64_t>() <= e["targets"][0]["budget_bytes"].get<int64_t>());
+  CATCH_CHECK(typical["micro_batches"].get<int64_t>() > typical["steps"].get<int64_t>());
+  // Without a budget to size them by, each step is one micro-batch of all 8 packs.
+  const json unbounded = estimate(flags);
+  CATCH_CHECK(unbounded["typical"]["micro_batches"] == unbounded["typical"]["steps"]);
+}

@@ -165,10 +165,12 @@ CATCH_TEST_CASE("gradient accumulation does not change the result (B=4 x GA=1 vs
   }
 }
 
-CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch") {
-  TempDir one, two;
-  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=2")));
-  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+namespace {
+
+// A run of 2 ranks on Gloo over 127.0.0.1 (a port of its own per test), both required to end
+// well.
+void run_two_ranks(const fs::path& out, const std::string& extra, int port_offset) {
+  const int port = 20000 + static_cast<int>((::getpid() + port_offset) % 20000);
   std::vector<std::thread> ranks;
   std::vector<vlm::test::CommandResult> results(2);
   for (int rank = 0; rank < 2; ++rank) {
@@ -177,12 +179,20 @@ CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch") 
                               " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
                               " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
       results[static_cast<size_t>(rank)] = vlm::test::run_with_env(
-          env, run_args(two.path(), "--set train.batch_size=1 --set distributed.timeout_s=60"));
+          env, run_args(out, "--set distributed.timeout_s=60 " + extra));
     });
   }
   for (auto& t : ranks) t.join();
   require_ok(results[0]);
   require_ok(results[1]);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch") {
+  TempDir one, two;
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=2")));
+  run_two_ranks(two.path(), "--set train.batch_size=1", 0);
   CATCH_CHECK(max_difference(final_weights(one.path()), final_weights(two.path())) < 1e-5);
 }
 
@@ -619,6 +629,13 @@ int64_t three_pack_device(const fs::path& one_pack_run) {
   return static_cast<int64_t>(static_cast<double>(usable) / 0.9);
 }
 
+// A simulated device for one or two packs per micro-batch.
+int64_t two_pack_device() {
+  TempDir one;
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
+  return three_pack_device(one.path()) * 2 / 3;
+}
+
 std::string auto_batch(int64_t global, int64_t device) {
   return " --set train.batch_size=auto --set train.global_batch_size=" + std::to_string(global) +
          " --set memory.simulate_device_bytes=" + std::to_string(device);
@@ -686,9 +703,8 @@ CATCH_TEST_CASE("a short prediction is corrected by OOM learning: the same sampl
 
 CATCH_TEST_CASE("batch_size auto does not change the result: one micro-batch of 4 packs equals "
                 "the budget's split of them") {
-  TempDir one, whole, split;
-  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
-  const int64_t device = three_pack_device(one.path()) * 2 / 3;  // one or two packs
+  TempDir whole, split;
+  const int64_t device = two_pack_device();
   require_ok(run_vlmtrain(run_args(whole.path(), "--set train.batch_size=4")));
   require_ok(run_vlmtrain(run_args(split.path(), auto_batch(4, device).substr(1))));
   // As for gradient accumulation above: the order of floating-point sums only.
@@ -742,25 +758,10 @@ CATCH_TEST_CASE("memory.device_memory and memory.safety_margin size the micro-ba
 
 CATCH_TEST_CASE("batch_size auto on 2 Gloo processes: the ranks run the same micro-steps and "
                 "equal 1 process with the whole step of 8 packs in one micro-batch") {
-  TempDir one, whole, two;
-  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
-  const int64_t device = three_pack_device(one.path()) * 2 / 3;  // one or two packs
+  TempDir whole, two;
+  const int64_t device = two_pack_device();
   require_ok(run_vlmtrain(run_args(whole.path(), "--set train.batch_size=8")));
-  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
-  std::vector<std::thread> ranks;
-  std::vector<vlm::test::CommandResult> results(2);
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
-      const std::string env = "RANK=" + std::to_string(rank) +
-                              " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
-                              " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
-      results[static_cast<size_t>(rank)] = vlm::test::run_with_env(
-          env, run_args(two.path(), "--set distributed.timeout_s=60" + auto_batch(8, device)));
-    });
-  }
-  for (auto& t : ranks) t.join();
-  require_ok(results[0]);
-  require_ok(results[1]);
+  run_two_ranks(two.path(), auto_batch(8, device), 7919);
   CATCH_CHECK(max_difference(final_weights(whole.path()), final_weights(two.path())) < 2e-5);
   // Each rank's 4 packs of a step did not fit one micro-batch.
   const auto steps = records(two.path(), "step");

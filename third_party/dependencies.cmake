@@ -47,13 +47,60 @@ endif()
 
 # LibTorch: Debian's 1.13.1 (CPU) by default; a CUDA 2.x one through -DCMAKE_PREFIX_PATH.
 find_package(Torch QUIET)
+if(NOT Torch_FOUND AND (CMAKE_PREFIX_PATH OR Torch_DIR))
+  find_package(Torch)  # again, aloud: a LibTorch was pointed at, so show why it did not load
+endif()
 vlm_require(Torch_FOUND "LibTorch" "libtorch-dev libgloo-dev libopenblas0-openmp")
 # Torch's exported flags carry -D_GLIBCXX_USE_CXX11_ABI; keep them on torch targets only.
 set(VLM_TORCH_HAS_CUDA OFF)
 if(TARGET torch_cuda OR CUDA_FOUND OR TORCH_CUDA_LIBRARIES)
   set(VLM_TORCH_HAS_CUDA ON)
 endif()
-message(STATUS "vlmtrain: LibTorch ${Torch_VERSION} (CUDA: ${VLM_TORCH_HAS_CUDA})")
+
+# Gloo: LibTorch's c10d headers for it include gloo's own headers, which Debian ships
+# (libgloo-dev) but PyTorch wheels and the LibTorch archive do not. Without them the gloo
+# backend is left out (NCCL carries a CUDA build; `backend: gloo` then names the reason).
+include(CheckIncludeFileCXX)
+set(CMAKE_REQUIRED_INCLUDES ${TORCH_INCLUDE_DIRS})
+set(CMAKE_REQUIRED_QUIET ON)
+check_include_file_cxx(gloo/algorithm.h VLM_HAVE_GLOO_HEADERS)
+unset(CMAKE_REQUIRED_INCLUDES)
+unset(CMAKE_REQUIRED_QUIET)
+option(VLM_WITH_GLOO "Build the Gloo backend (needs gloo's headers)" ${VLM_HAVE_GLOO_HEADERS})
+
+# fmt: PyTorch wheels and the LibTorch archive bundle their own fmt (11 and later) in Torch's
+# include folder, which the compiler searches before the system's. spdlog built against an
+# external fmt (Debian's 1.10 with fmt 9) does not compile against fmt 11. The torch targets
+# therefore search a copy of spdlog's fmt headers first (vlm_fmt_first below); torch's own
+# libraries keep the fmt they were built with (a versioned inline namespace, so no clash).
+set(VLM_FMT_FIRST_DIR "")
+get_target_property(_spdlog_defs spdlog::spdlog INTERFACE_COMPILE_DEFINITIONS)
+if(_spdlog_defs MATCHES "SPDLOG_FMT_EXTERNAL" AND TARGET fmt::fmt)
+  set(_torch_fmt "")
+  foreach(_dir IN LISTS TORCH_INCLUDE_DIRS)
+    if(EXISTS "${_dir}/fmt/core.h")
+      set(_torch_fmt "${_dir}/fmt")
+    endif()
+  endforeach()
+  get_target_property(_fmt_includes fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  foreach(_dir IN LISTS _fmt_includes)
+    if(_torch_fmt AND EXISTS "${_dir}/fmt/core.h" AND NOT "${_dir}/fmt" STREQUAL _torch_fmt)
+      set(VLM_FMT_FIRST_DIR "${CMAKE_BINARY_DIR}/fmt_for_spdlog")
+      file(COPY "${_dir}/fmt" DESTINATION "${VLM_FMT_FIRST_DIR}")
+      message(STATUS "vlmtrain: LibTorch bundles fmt; torch targets use spdlog's (${_dir}/fmt)")
+      break()
+    endif()
+  endforeach()
+endif()
+# Puts spdlog's fmt ahead of Torch's bundled one on a torch target (no-op where none is bundled).
+function(vlm_fmt_first target)
+  if(VLM_FMT_FIRST_DIR)
+    target_include_directories(${target} SYSTEM BEFORE PRIVATE "${VLM_FMT_FIRST_DIR}")
+  endif()
+endfunction()
+
+message(STATUS "vlmtrain: LibTorch ${Torch_VERSION} (CUDA: ${VLM_TORCH_HAS_CUDA}, "
+               "Gloo: ${VLM_WITH_GLOO})")
 
 if(VLM_BUILD_TESTS)
   find_package(Catch2 2 QUIET)

@@ -40,7 +40,15 @@ std::string choose_backend(const DistributedOptions& options) {
 c10::intrusive_ptr<compat::CollectiveBackend> make_backend(
     const std::string& name, const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
     const DistributedOptions& options) {
-  if (name == "gloo") return detail::make_gloo_backend(store, env, options.timeout);
+  if (name == "gloo") {
+#if VLM_WITH_GLOO
+    return detail::make_gloo_backend(store, env, options.timeout);
+#else
+    throw Error(ExitCode::kUsage,
+                "the gloo backend is not in this build of vlmtrain (its LibTorch ships no gloo "
+                "headers; docs/gpu.md): use backend nccl on CUDA");
+#endif
+  }
 #if VLM_WITH_CUDA
   return detail::make_nccl_backend(store, env, options.timeout, options.device);
 #else

@@ -174,15 +174,15 @@ CATCH_TEST_CASE("distributed: invalid options are usage errors") {
   }
 }
 
-CATCH_TEST_CASE("distributed: gradient all-reduce averages over two ranks") {
+CATCH_TEST_CASE("distributed: gradient all-reduce averages over two ranks", "[gloo]") {
   check_reduced_gradients(GradientReduction::kAverage);
 }
 
-CATCH_TEST_CASE("distributed: gradient all-reduce sums when the loss is pre-scaled") {
+CATCH_TEST_CASE("distributed: gradient all-reduce sums when the loss is pre-scaled", "[gloo]") {
   check_reduced_gradients(GradientReduction::kSum);
 }
 
-CATCH_TEST_CASE("distributed: broadcast makes rank 1's parameters equal rank 0's") {
+CATCH_TEST_CASE("distributed: broadcast makes rank 1's parameters equal rank 0's", "[gloo]") {
   std::vector<torch::Tensor> before[2], after[2];
   run_two_ranks([&](int rank, Communicator& communicator) {
     TinyModel model(rank == 0 ? 11 : 22);
@@ -198,7 +198,7 @@ CATCH_TEST_CASE("distributed: broadcast makes rank 1's parameters equal rank 0's
   }
 }
 
-CATCH_TEST_CASE("distributed: flag, metric and barrier collectives") {
+CATCH_TEST_CASE("distributed: flag, metric and barrier collectives", "[gloo]") {
   bool one_flagged[2], none_flagged[2];
   std::vector<double> sums[2], maxima[2];
   run_two_ranks([&](int rank, Communicator& communicator) {
@@ -216,7 +216,7 @@ CATCH_TEST_CASE("distributed: flag, metric and barrier collectives") {
   }
 }
 
-CATCH_TEST_CASE("distributed: a missing peer fails the rendezvous within the timeout") {
+CATCH_TEST_CASE("distributed: a missing peer fails the rendezvous within the timeout", "[gloo]") {
   const auto started = std::chrono::steady_clock::now();
   try {
     Communicator::create(rank_env(0, 2, free_loopback_port()),
@@ -232,7 +232,7 @@ CATCH_TEST_CASE("distributed: a missing peer fails the rendezvous within the tim
   CATCH_CHECK(elapsed < std::chrono::seconds(8));
 }
 
-CATCH_TEST_CASE("distributed: a hung peer fails the collective with a clear error") {
+CATCH_TEST_CASE("distributed: a hung peer fails the collective with a clear error", "[gloo]") {
   std::promise<void> rank0_done;
   auto rank0_finished = rank0_done.get_future().share();
   std::string message;
@@ -264,7 +264,7 @@ CATCH_TEST_CASE("distributed: a hung peer fails the collective with a clear erro
   CATCH_CHECK(elapsed < std::chrono::seconds(8));
 }
 
-CATCH_TEST_CASE("distributed: the OOM agreement allocates no tensor memory") {
+CATCH_TEST_CASE("distributed: the OOM agreement allocates no tensor memory", "[gloo]") {
   // The flag all-reduce runs right after an OOM of the budgeted allocator: with the cap at
   // exactly the live bytes, any allocation would throw.
   bool agreed[2] = {false, false};

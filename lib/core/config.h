@@ -315,7 +315,8 @@ void visit_fields(V& v, TrainConfig& c) {
   v.field(c.max_nonfinite_steps, "max_nonfinite_steps",
           "Consecutive steps with a non-finite loss or gradient (skipped) before the run fails.",
           IntRange{1, 1 << 20});
-  v.field(c.threads, "threads", "CPU threads for LibTorch; 0 = all cores.", IntRange{0, 4096});
+  v.field(c.threads, "threads", "CPU threads for LibTorch; 0 = this rank's share: SLURM_CPUS_PER_TASK, else the "
+          "cores it may use divided among torchrun's local ranks (docs/gpu.md).", IntRange{0, 4096});
   v.field(c.device, "device", "Where to train: auto (CUDA when available), cpu or cuda.",
           Choices{{"auto", "cpu", "cuda"}});
 }
@@ -337,8 +338,9 @@ void visit_fields(V& v, MemoryConfig& c) {
   v.field(c.safety_margin, "safety_margin",
           "Fraction of the budget kept free for fragmentation and workspace.", RealRange{0, 0.9});
   v.field(c.simulate_device_bytes, "simulate_device_bytes",
-          "CPU only: cap tracked tensor memory at this size (a budgeted allocator), to exercise "
-          "OOM recovery; 0 = off.");
+          "Run as on a device of this size, to exercise OOM recovery or plan for a smaller GPU: "
+          "CPU, the tracking allocator's cap; CUDA, the caching allocator's memory fraction. "
+          "Also the memory budget under device_memory auto. 0 = off.");
   v.field(c.calibration, "calibration",
           "Memory calibration file (vlmtrain calibrate-memory, docs/memory-device.md): fitted "
           "corrections of the device terms for this device and LibTorch; empty = the defaults.");

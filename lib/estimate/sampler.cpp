@@ -33,12 +33,12 @@ std::optional<MemoryBudget> resolve_budget(const Config& config,
   b.target = device;
   const std::string& named = config.memory.device_memory;
   if (named == "auto") {
-    if (device.cuda) {
-      b.device_bytes = device_total_bytes;
-      b.source = "the CUDA device (" + device.gpu.name + ", memory.device_memory auto)";
-    } else if (config.memory.simulate_device_bytes.bytes > 0) {
+    if (config.memory.simulate_device_bytes.bytes > 0) {  // the cap the trainer installs
       b.device_bytes = config.memory.simulate_device_bytes.bytes;
       b.source = "memory.simulate_device_bytes";
+    } else if (device.cuda) {
+      b.device_bytes = device_total_bytes;
+      b.source = "the CUDA device (" + device.gpu.name + ", memory.device_memory auto)";
     } else {
       return std::nullopt;
     }

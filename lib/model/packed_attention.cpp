@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,18 +59,102 @@ torch::Tensor packed_causal_mask(const torch::Tensor& cu_seqlens, int64_t batch,
   return (same_segment & causal).unsqueeze(1);
 }
 
+std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+  std::vector<SegmentGroup> groups;
+  for (const int64_t s : order) {
+    const int64_t length = lengths[static_cast<size_t>(s)];
+    // A segment joins the open group while len^2 >= padded^2 / 2: its padded causal work is
+    // at most twice its own, and a row of many short samples is a handful of calls.
+    if (groups.empty() || 2 * length * length < groups.back().padded * groups.back().padded) {
+      groups.push_back(SegmentGroup{{}, length});
+    }
+    groups.back().segments.push_back(s);
+  }
+  return groups;
+}
+
 namespace {
 
-// Causal attention inside each segment of the flattened [B * T] tokens: the same result as the
-// block-diagonal mask, at O(sum len^2) instead of O(T^2) time and memory per row.
+torch::Tensor host_index(const std::vector<int64_t>& values, const torch::Device& device) {
+  const torch::Tensor host =
+      torch::from_blob(const_cast<int64_t*>(values.data()),
+                       {static_cast<int64_t>(values.size())}, torch::kLong);
+  if (!device.is_cuda()) return host.clone();
+  // Pinned, so the copy runs without blocking the host (the caching host allocator keeps the
+  // buffer until the copy has run).
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+// The fused path over token-major q, k, v [N, H, D]: the segments of a group are gathered into
+// one [n, H, L, D] batch (each padded at its end by repeating its last token) and attend with
+// is_causal, so no mask is built and the fused kernels can run. A query never sees a later
+// key, so the padding changes no real token's output, and the padded queries' outputs are
+// dropped (no gradient reaches the repeated keys). One index_select restores token order.
+torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const int64_t* bounds,
+                                int64_t segment_count) {
+  const int64_t heads = q.size(1), dim = q.size(2);
+  std::vector<int64_t> lengths(static_cast<size_t>(segment_count));
+  for (int64_t s = 0; s < segment_count; ++s) {
+    lengths[static_cast<size_t>(s)] = bounds[s + 1] - bounds[s];
+  }
+  std::vector<torch::Tensor> outputs;
+  std::vector<int64_t> token_order;  // the token of each output row, in output order
+  token_order.reserve(static_cast<size_t>(q.size(0)));
+  for (const SegmentGroup& group : group_segments(lengths)) {
+    const int64_t n = static_cast<int64_t>(group.segments.size()), padded = group.padded;
+    std::vector<int64_t> gather, keep;
+    gather.reserve(static_cast<size_t>(n * padded));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t s = group.segments[static_cast<size_t>(i)];
+      const int64_t start = bounds[s], length = lengths[static_cast<size_t>(s)];
+      for (int64_t j = 0; j < padded; ++j) gather.push_back(start + std::min(j, length - 1));
+      for (int64_t j = 0; j < length; ++j) {
+        keep.push_back(i * padded + j);
+        token_order.push_back(start + j);
+      }
+    }
+    const torch::Tensor gather_index = host_index(gather, q.device());
+    const auto batched = [&](const torch::Tensor& t) {  // [N, H, D] -> [n, H, L, D]
+      return t.index_select(0, gather_index).view({n, padded, heads, dim}).transpose(1, 2);
+    };
+    const torch::Tensor attended =
+        runtime::compat::causal_attention(batched(q), batched(k), batched(v));
+    outputs.push_back(attended.transpose(1, 2).reshape({n * padded, heads, dim})
+                          .index_select(0, host_index(keep, q.device())));
+  }
+  std::vector<int64_t> inverse(token_order.size());
+  for (size_t i = 0; i < token_order.size(); ++i) {
+    inverse[static_cast<size_t>(token_order[i])] = static_cast<int64_t>(i);
+  }
+  const torch::Tensor joined = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 0);
+  return joined.index_select(0, host_index(inverse, q.device()));
+}
+
+}  // namespace
+
 torch::Tensor segment_attention(const torch::Tensor& q, const torch::Tensor& keys,
-                                const torch::Tensor& values, const torch::Tensor& cu_seqlens) {
+                                const torch::Tensor& values, const torch::Tensor& cu_seqlens,
+                                SegmentKernel kernel) {
   const int64_t batch = q.size(0), heads = q.size(1), tokens = q.size(2), dim = q.size(3);
+  const torch::Tensor bounds = cu_seqlens.to(torch::kCPU, torch::kLong).contiguous();
+  if (kernel == SegmentKernel::kGroupedCausal) {
+    const auto token_major = [&](const torch::Tensor& t) {  // [B, H, T, D] -> [B*T, H, D]
+      return t.transpose(1, 2).reshape({batch * tokens, heads, dim});
+    };
+    return grouped_attention(token_major(q), token_major(keys), token_major(values),
+                             bounds.data_ptr<int64_t>(), bounds.size(0) - 1)
+        .view({batch, tokens, heads, dim})
+        .transpose(1, 2);
+  }
   const auto flat = [&](const torch::Tensor& t) {  // [B, H, T, D] -> [H, B*T, D]
     return t.transpose(0, 1).reshape({heads, batch * tokens, dim});
   };
   const torch::Tensor fq = flat(q), fk = flat(keys), fv = flat(values);
-  const torch::Tensor bounds = cu_seqlens.to(torch::kCPU, torch::kLong).contiguous();
   const int64_t* b = bounds.data_ptr<int64_t>();
   std::vector<torch::Tensor> outputs;
   outputs.reserve(static_cast<size_t>(bounds.size(0) - 1));
@@ -83,7 +170,10 @@ torch::Tensor segment_attention(const torch::Tensor& q, const torch::Tensor& key
   return torch::cat(outputs, 1).view({heads, batch, tokens, dim}).transpose(0, 1);
 }
 
-}  // namespace
+SegmentKernel default_segment_kernel() {
+  return runtime::compat::kFusedCausalAttention ? SegmentKernel::kGroupedCausal
+                                                : SegmentKernel::kPerSegmentMask;
+}
 
 torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, const torch::Tensor& allowed) {
@@ -92,7 +182,9 @@ torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& 
   // head j, which is the layout pretrained SmolLM2 weights expect.
   const torch::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const torch::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  if (allowed.defined() && allowed.dim() == 1) return segment_attention(q, keys, values, allowed);
+  if (allowed.defined() && allowed.dim() == 1) {
+    return segment_attention(q, keys, values, allowed, default_segment_kernel());
+  }
   return runtime::compat::scaled_dot_product_attention(q, keys, values, allowed);
 }
 

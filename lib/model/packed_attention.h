@@ -10,6 +10,9 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace vlm::model {
 
 // Segment id of every token, [B, T] int64: the index of the cu_seqlens interval it lies in.
@@ -18,6 +21,31 @@ torch::Tensor segment_ids(const torch::Tensor& cu_seqlens, int64_t batch, int64_
 
 // Boolean mask [B, 1, T, T]: true where query i may attend to key j (same segment, j <= i).
 torch::Tensor packed_causal_mask(const torch::Tensor& cu_seqlens, int64_t batch, int64_t seq_len);
+
+// How causal attention runs segment by segment (both give the same result):
+//   kPerSegmentMask  one attention call per segment with a boolean lower-triangular mask. The
+//                    path of LibTorch 1.13, which has no fused kernel; the memory model replays
+//                    it op by op.
+//   kGroupedCausal   segments of similar length padded into one batch per group, attending with
+//                    is_causal and no mask, so LibTorch 2.x runs its fused kernels (flash
+//                    attention on CUDA). The default from 2.0 (runtime/compat.h).
+enum class SegmentKernel { kPerSegmentMask, kGroupedCausal };
+SegmentKernel default_segment_kernel();
+
+// kGroupedCausal's groups: segment indices (longest first) padded to `padded` tokens, the
+// group's longest. A segment joins the open group while len^2 >= padded^2 / 2, so padding at
+// most doubles a segment's attention work.
+struct SegmentGroup {
+  std::vector<int64_t> segments;
+  int64_t padded = 0;
+};
+std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths);
+
+// Causal attention of q [B, H, T, D] over keys, values [B, H, T, D] (equal heads) inside each
+// segment of cu_seqlens (host or device), by `kernel`. Returns [B, H, T, D].
+torch::Tensor segment_attention(const torch::Tensor& q, const torch::Tensor& keys,
+                                const torch::Tensor& values, const torch::Tensor& cu_seqlens,
+                                SegmentKernel kernel);
 
 // Multi-head attention of q [B, Hq, T, D] over k, v [B, Hkv, T, D] (Hq a multiple of Hkv:
 // grouped-query attention, query head h reads key/value head h / (Hq / Hkv)). `allowed` is

@@ -77,6 +77,19 @@ inline void set_autocast_state(const AutocastState& s) {
 #endif
 }
 
+// --- optimizer ----------------------------------------------------------------------------
+// Optimizer::zero_grad zeroes the gradients in place up to 1.13; from 2.0 its default frees them
+// (set_to_none). vlmtrain keeps them allocated on every version: the memory model counts them
+// from the first backward on (docs/memory.md), and the step's peak is the same either way.
+template <class Optimizer>
+void zero_grad_in_place(Optimizer& optimizer) {
+#if TORCH_VERSION_MAJOR >= 2
+  optimizer.zero_grad(/*set_to_none=*/false);
+#else
+  optimizer.zero_grad();
+#endif
+}
+
 // --- RNG state ----------------------------------------------------------------------------
 // What activation checkpointing must replay: the CPU generator and, for CUDA inputs, the
 // generator of the input's device (the same across versions; CUDA only when Torch has it).
@@ -143,6 +156,33 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
   }
   const at::Tensor probabilities = at::softmax(scores, -1, at::kFloat).to(v.scalar_type());
   return at::matmul(probabilities, v);
+#endif
+}
+
+// Causal attention (query i sees keys 0..i) of q, k, v [N, H, L, head_dim], without a mask.
+// >= 2.0: is_causal lets the fused kernels run (flash attention on CUDA: no L x L matrix is
+// stored, forward or backward). 1.13 has no such kernel: the math path with a lower-triangular
+// mask, as above.
+inline constexpr bool kFusedCausalAttention = TORCH_VERSION_MAJOR >= 2;
+
+// Which fused kernels scaled_dot_product_attention may pick. Packed rows give the attention
+// calls new shapes at every step, and cuDNN's attention (2.3 on) builds an execution plan per
+// new shape, which costs more than the attention itself; flash and memory-efficient attention
+// have no per-shape set-up. Called once before training on CUDA.
+inline void use_shape_agnostic_attention_kernels() {
+#if VLM_TORCH_AT_LEAST(2, 3)
+  at::globalContext().setSDPUseCuDNN(false);
+#endif
+}
+
+inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, c10::nullopt, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true);
+#else
+  const int64_t length = q.size(-2);
+  return scaled_dot_product_attention(
+      q, k, v, at::ones({length, length}, q.options().dtype(at::kBool)).tril());
 #endif
 }
 

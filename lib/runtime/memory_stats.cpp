@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -34,6 +36,12 @@ void require_cpu_or_cuda(const c10::Device& device) {
 
 #if VLM_WITH_CUDA
 int cuda_index(const c10::Device& device) { return device.has_index() ? device.index() : 0; }
+
+// set_memory_fraction's cap in bytes per CUDA device (the allocator does not report it).
+std::map<int, int64_t>& cuda_caps() {
+  static std::map<int, int64_t> caps;
+  return caps;
+}
 #endif
 
 DeviceMemoryStats cpu_memory_stats() {
@@ -83,7 +91,10 @@ DeviceMemoryStats memory_stats(const c10::Device& device) {
   require_cpu_or_cuda(device);
   if (device.is_cpu()) return cpu_memory_stats();
 #if VLM_WITH_CUDA
-  return detail::cuda_memory_stats(cuda_index(device));
+  DeviceMemoryStats s = detail::cuda_memory_stats(cuda_index(device));
+  const auto cap = cuda_caps().find(cuda_index(device));
+  if (cap != cuda_caps().end()) s.cap_bytes = cap->second;
+  return s;
 #else
   no_cuda(device);
 #endif
@@ -104,7 +115,11 @@ void reset_peak_memory_stats(const c10::Device& device) {
 
 std::optional<int64_t> allocatable_bytes(const c10::Device& device) {
   const DeviceMemoryStats s = memory_stats(device);
-  if (device.is_cuda()) return s.device_free_bytes + (s.reserved_bytes - s.allocated_bytes);
+  if (device.is_cuda()) {
+    const int64_t free_and_cached = s.device_free_bytes + (s.reserved_bytes - s.allocated_bytes);
+    return s.cap_bytes ? std::min(free_and_cached, *s.cap_bytes - s.allocated_bytes)
+                       : free_and_cached;
+  }
   if (s.cap_bytes) return *s.cap_bytes - s.allocated_bytes;
   return std::nullopt;
 }
@@ -133,6 +148,8 @@ void set_memory_fraction(const c10::Device& device, double fraction) {
   }
 #if VLM_WITH_CUDA
   detail::cuda_set_memory_fraction(cuda_index(device), fraction);
+  cuda_caps()[cuda_index(device)] = static_cast<int64_t>(
+      fraction * static_cast<double>(detail::cuda_memory_stats(cuda_index(device)).device_total_bytes));
 #else
   no_cuda(device);
 #endif

@@ -16,7 +16,8 @@ struct DeviceMemoryStats {
   int64_t peak_reserved_bytes = 0;
   int64_t device_total_bytes = 0;    // CUDA: cudaMemGetInfo total; CPU: physical memory
   int64_t device_free_bytes = 0;     // CUDA: cudaMemGetInfo free; CPU: MemAvailable
-  std::optional<int64_t> cap_bytes;  // CPU byte budget of the tracking allocator, if set
+  std::optional<int64_t> cap_bytes;  // set_memory_fraction's cap, if set (CPU: the tracking
+                                     // allocator's budget; CUDA: fraction x total)
   bool tracked = false;              // CPU: false until the tracking allocator is installed
 };
 

@@ -43,6 +43,9 @@ void cuda_reset_peak_memory_stats(int device_index) {
 void cuda_empty_cache() { c10::cuda::CUDACachingAllocator::emptyCache(); }
 
 void cuda_set_memory_fraction(int device_index, double fraction) {
+  // The caching allocator sets up its devices on the first CUDA allocation; before that it
+  // refuses the device ("Invalid device argument").
+  at::empty({1}, at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
                                                      static_cast<c10::DeviceIndex>(device_index));
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "runtime/compat.h"
 #include "train/checkpoint_dir.h"
 
 namespace vlm::train {
@@ -127,7 +128,7 @@ std::map<std::string, double> GroupedAdamW::lr_by_module() const {
   return lr;
 }
 
-void GroupedAdamW::zero_grad() { optimizer_->zero_grad(); }
+void GroupedAdamW::zero_grad() { runtime::compat::zero_grad_in_place(*optimizer_); }
 
 void GroupedAdamW::step() { optimizer_->step(); }
 
@@ -160,8 +161,17 @@ void GroupedAdamW::save(const std::filesystem::path& file) const {
 
 void GroupedAdamW::load(const std::filesystem::path& file) {
   try {
+    // The moments are read straight onto the parameters' device (each rank's own GPU under
+    // torchrun), whatever device they were saved from.
+    c10::optional<torch::Device> device;
+    for (const auto& group : optimizer_->param_groups()) {
+      if (!group.params().empty()) {
+        device = group.params().front().device();
+        break;
+      }
+    }
     torch::serialize::InputArchive archive;
-    archive.load_from(file.string());
+    archive.load_from(file.string(), device);
     c10::IValue layout;
     if (!archive.try_read(kLayoutKey, layout) || !layout.isString() ||
         layout.toStringRef() != layout_signature()) {

@@ -4,6 +4,7 @@
 
 #include "model/activation_checkpoint.h"
 #include "model/packed_attention.h"
+#include "runtime/compat.h"
 #include "spec/derived.h"
 
 namespace vlm::model {
@@ -85,6 +86,39 @@ torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward(const torch::Tenso
       attended.transpose(1, 2).contiguous().view({batch, tokens, num_heads_ * head_dim_}));
 }
 
+torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward_cached(const torch::Tensor& x,
+                                                                     const torch::Tensor& cos,
+                                                                     const torch::Tensor& sin,
+                                                                     KvCacheLayer& cache) {
+  const int64_t tokens = x.size(1);
+  const auto heads = [&](const torch::Tensor& t, int64_t count) {
+    return t.view({1, tokens, count, head_dim_}).transpose(1, 2);
+  };
+  const torch::Tensor q = apply_rotary(heads(q_proj->forward(x), num_heads_), cos, sin);
+  const torch::Tensor k = apply_rotary(heads(k_proj->forward(x), num_kv_heads_), cos, sin);
+  const torch::Tensor v = heads(v_proj->forward(x), num_kv_heads_);
+  cache.keys = cache.keys.defined() ? torch::cat({cache.keys, k}, 2) : k;
+  cache.values = cache.values.defined() ? torch::cat({cache.values, v}, 2) : v;
+  const int64_t groups = num_heads_ / num_kv_heads_;
+  const torch::Tensor keys = groups == 1 ? cache.keys : cache.keys.repeat_interleave(groups, 1);
+  const torch::Tensor values =
+      groups == 1 ? cache.values : cache.values.repeat_interleave(groups, 1);
+  const int64_t seen = keys.size(2);
+  torch::Tensor attended;
+  if (tokens == 1) {  // the newest token sees every key
+    attended = runtime::compat::scaled_dot_product_attention(q, keys, values, torch::Tensor());
+  } else if (tokens == seen) {  // a prompt on an empty cache
+    attended = runtime::compat::causal_attention(q, keys, values);
+  } else {  // query i (at position seen - tokens + i) sees keys 0 .. seen - tokens + i
+    const torch::Tensor allowed =
+        torch::ones({tokens, seen}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+            .tril(seen - tokens);
+    attended = runtime::compat::scaled_dot_product_attention(q, keys, values, allowed);
+  }
+  return out_proj->forward(
+      attended.transpose(1, 2).contiguous().view({1, tokens, num_heads_ * head_dim_}));
+}
+
 LanguageModelMLPImpl::LanguageModelMLPImpl(const spec::LanguageSpec& spec) {
   gate_proj = register_module("gate_proj", init_linear(spec.hidden_size, spec.mlp_size));
   up_proj = register_module("up_proj", init_linear(spec.hidden_size, spec.mlp_size));
@@ -106,6 +140,14 @@ torch::Tensor LanguageModelBlockImpl::forward(const torch::Tensor& x, const torc
                                               const torch::Tensor& sin,
                                               const torch::Tensor& allowed) {
   const torch::Tensor h = x + attn->forward(norm1->forward(x), cos, sin, allowed);
+  return h + mlp->forward(norm2->forward(h));
+}
+
+torch::Tensor LanguageModelBlockImpl::forward_cached(const torch::Tensor& x,
+                                                     const torch::Tensor& cos,
+                                                     const torch::Tensor& sin,
+                                                     KvCacheLayer& cache) {
+  const torch::Tensor h = x + attn->forward_cached(norm1->forward(x), cos, sin, cache);
   return h + mlp->forward(norm2->forward(h));
 }
 
@@ -144,6 +186,24 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeddings,
       x = block->forward(x, cos, sin, allowed);
     }
   }
+  return norm->forward(x);
+}
+
+torch::Tensor LanguageModelImpl::forward_cached(const torch::Tensor& embeddings, KvCache& cache) {
+  torch::NoGradGuard no_grad;
+  const int64_t tokens = embeddings.size(1);
+  const torch::Tensor positions =
+      torch::arange(cache.length, cache.length + tokens,
+                    torch::TensorOptions().dtype(torch::kLong).device(embeddings.device()))
+          .view({1, tokens});
+  const auto tables = rotary_embd->forward(positions);
+  cache.layers.resize(blocks->size());
+  torch::Tensor x = embeddings;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    const auto block = std::dynamic_pointer_cast<LanguageModelBlockImpl>(blocks->ptr(i));
+    x = block->forward_cached(x, tables.first, tables.second, cache.layers[i]);
+  }
+  cache.length += tokens;
   return norm->forward(x);
 }
 

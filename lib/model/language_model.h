@@ -15,6 +15,8 @@
 
 #include <torch/nn.h>
 
+#include <vector>
+
 #include "spec/model_spec.h"
 
 namespace vlm::model {
@@ -53,12 +55,28 @@ TORCH_MODULE(RotaryEmbedding);
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
                            const torch::Tensor& sin);
 
+// The keys and values of one block for the tokens decoded so far, [1, kv_heads, n, head_dim]
+// each (greedy generation: every token is attended to again at each later step).
+struct KvCacheLayer {
+  torch::Tensor keys, values;
+};
+
+// A decoder's cache: one layer per block, and how many tokens it holds.
+struct KvCache {
+  std::vector<KvCacheLayer> layers;
+  int64_t length = 0;
+};
+
 class LanguageModelGroupedQueryAttentionImpl : public torch::nn::Module {
  public:
   explicit LanguageModelGroupedQueryAttentionImpl(const spec::LanguageSpec& spec);
   // x [B, T, d]; cos/sin from RotaryEmbedding; `allowed` [B, 1, T, T] from packed_causal_mask.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& allowed);
+  // One sequence's next tokens x [1, t, d] after the `cache.keys` already seen: appends their
+  // keys and values to `cache` and attends causally over all of them.
+  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin, KvCacheLayer& cache);
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -84,6 +102,8 @@ class LanguageModelBlockImpl : public torch::nn::Module {
   explicit LanguageModelBlockImpl(const spec::LanguageSpec& spec);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& allowed);
+  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin, KvCacheLayer& cache);
 
  private:
   LanguageModelMLP mlp{nullptr};
@@ -100,6 +120,10 @@ class LanguageModelImpl : public torch::nn::Module {
   // embeddings [B, T, d] -> hidden states after the final norm, [B, T, d].
   torch::Tensor forward(const torch::Tensor& embeddings, const torch::Tensor& position_ids,
                         const torch::Tensor& allowed, bool checkpoint_blocks = false);
+  // Incremental decoding of one sequence (no gradients): embeddings [1, t, d] of the tokens at
+  // positions cache.length .. cache.length + t - 1 -> their hidden states after the final norm,
+  // [1, t, d]; the cache grows by t. The same numbers as forward over the whole sequence.
+  torch::Tensor forward_cached(const torch::Tensor& embeddings, KvCache& cache);
   // The LM head's weight [vocab_rows, d]: head.weight, or token_embedding.weight when tied.
   torch::Tensor head_weight() const;
   torch::Tensor logits(const torch::Tensor& hidden);  // hidden @ head_weight^T

@@ -26,7 +26,8 @@ struct EvalResult {
   int64_t samples = 0;
   int64_t answered = 0;                   // questions answered by generation
   int64_t correct = 0;                    // exact matches (trimmed, case-insensitive)
-  std::vector<GeneratedAnswer> examples;  // the first few, for the log
+  int64_t unanswered_for_time = 0;        // questions left when a rank hit the time limit
+  std::vector<GeneratedAnswer> examples;  // this rank's first few, for the log
 
   double accuracy() const { return answered ? static_cast<double>(correct) / answered : 0.0; }
 };
@@ -36,10 +37,12 @@ struct EvalOptions {
   int64_t max_new_tokens = 16;
   Precision precision = Precision::kFp32;
   int64_t examples = 3;
+  double time_limit_s = 0;  // a rank starts no new answer after this long; 0 = no limit
 };
 
-// Every rank evaluates its share of the validation pipeline (the same plan everywhere); the
-// loss is all-reduced. Generation runs on rank 0 only, over the first `generate` samples.
+// Every rank evaluates its share of the validation pipeline (the same plan everywhere) and
+// answers the first questions of its share, `generate` split evenly over the ranks (-1: all of
+// them), by greedy decoding with a KV cache; losses and counts are all-reduced.
 EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& setup,
                     data::PlanningPipeline& validation, runtime::Communicator& comm,
                     const torch::Device& device, const EvalOptions& options);

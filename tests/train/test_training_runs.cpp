@@ -189,11 +189,28 @@ void run_two_ranks(const fs::path& out, const std::string& extra, int port_offse
 
 }  // namespace
 
-CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch") {
+CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch, and share the "
+                "final evaluation",
+                "[gloo]") {
   TempDir one, two;
-  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=2")));
-  run_two_ranks(two.path(), "--set train.batch_size=1", 0);
+  const std::string validation =
+      " --set 'data.validation=[{path: " + (dataset_dir() / "demo" / "val.jsonl").string() + "}]'";
+  require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=2" + validation)));
+  run_two_ranks(two.path(), "--set train.batch_size=1" + validation, 0);
   CATCH_CHECK(max_difference(final_weights(one.path()), final_weights(two.path())) < 1e-5);
+  // Each rank answered the questions of its half of the validation set (greedy, KV cache):
+  // together one per sample that fits the rows (7 of the 8), as the single process did, with
+  // the same loss.
+  const auto single = records(one.path(), "eval"), shared = records(two.path(), "eval");
+  CATCH_REQUIRE(single.size() == 1);
+  CATCH_REQUIRE(shared.size() == 1);
+  const int64_t samples = single[0]["eval/samples"].get<int64_t>();
+  CATCH_CHECK(samples >= 7);
+  CATCH_CHECK(single[0]["eval/answered"].get<int64_t>() == samples);
+  CATCH_CHECK(shared[0]["eval/answered"].get<int64_t>() == samples);
+  CATCH_CHECK(shared[0]["eval/samples"].get<int64_t>() == samples);
+  const double loss = single[0]["eval/loss"].get<double>();
+  CATCH_CHECK(std::abs(shared[0]["eval/loss"].get<double>() - loss) < 1e-5 * loss);
 }
 
 CATCH_TEST_CASE("an OOM splits the micro-batch and gives the result of small micro-batches") {
@@ -757,7 +774,8 @@ CATCH_TEST_CASE("memory.device_memory and memory.safety_margin size the micro-ba
 }
 
 CATCH_TEST_CASE("batch_size auto on 2 Gloo processes: the ranks run the same micro-steps and "
-                "equal 1 process with the whole step of 8 packs in one micro-batch") {
+                "equal 1 process with the whole step of 8 packs in one micro-batch",
+                "[gloo]") {
   TempDir whole, two;
   const int64_t device = two_pack_device();
   require_ok(run_vlmtrain(run_args(whole.path(), "--set train.batch_size=8")));

@@ -1,7 +1,11 @@
 #include "core/dist_env.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <thread>
 
 #include "core/error.h"
 
@@ -75,14 +79,50 @@ DistEnv detect_dist_env(const std::map<std::string, std::string>& env) {
   return d;
 }
 
-DistEnv detect_dist_env_from_process() {
+namespace {
+
+std::map<std::string, std::string> process_env() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e && *e; ++e) {
     const std::string entry = *e;
     const auto eq = entry.find('=');
     if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
-  return detect_dist_env(env);
+  return env;
 }
+
+}  // namespace
+
+DistEnv detect_dist_env_from_process() { return detect_dist_env(process_env()); }
+
+CpuShare cpu_share(const std::map<std::string, std::string>& env, int affinity_cpus) {
+  CpuShare share{std::max(1, affinity_cpus), ""};
+  share.source = std::to_string(share.threads) + " cores this process may use";
+  for (const char* name : {"SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"}) {
+    const int per_task = to_int(env, name, 0);
+    if (per_task > 0) {
+      share.threads = std::min(per_task, share.threads);
+      share.source = std::string(name) + "=" + std::to_string(per_task);
+      break;
+    }
+  }
+  const int local_ranks = to_int(env, "LOCAL_WORLD_SIZE", 0);
+  if (local_ranks > 1) {
+    share.threads = std::max(1, share.threads / local_ranks);
+    share.source += " / LOCAL_WORLD_SIZE=" + std::to_string(local_ranks);
+  }
+  return share;
+}
+
+int affinity_cpu_count() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+CpuShare cpu_share_from_process() { return cpu_share(process_env(), affinity_cpu_count()); }
 
 }  // namespace vlm

@@ -24,6 +24,19 @@ struct DistEnv {
 DistEnv detect_dist_env(const std::map<std::string, std::string>& env);
 DistEnv detect_dist_env_from_process();
 
+// The CPU threads this rank may use when train.threads is 0, and where the figure comes from:
+// the SLURM task's allocation (SLURM_CPUS_PER_TASK, or SRUN_CPUS_PER_TASK), at most the
+// `affinity_cpus` this process may run on (sched_getaffinity: cgroup and taskset limits), else
+// those; divided evenly among torchrun's ranks on the node (LOCAL_WORLD_SIZE > 1), which share
+// one task's allocation. srun with one task per GPU sets no LOCAL_WORLD_SIZE.
+struct CpuShare {
+  int threads = 1;
+  std::string source;  // for the log: "SLURM_CPUS_PER_TASK=8", "16 cores / LOCAL_WORLD_SIZE=4"
+};
+CpuShare cpu_share(const std::map<std::string, std::string>& env, int affinity_cpus);
+CpuShare cpu_share_from_process();
+int affinity_cpu_count();  // sched_getaffinity's count; hardware_concurrency where unavailable
+
 // First host of a SLURM node list: "gpu[003-005,007],cpu01" -> "gpu003".
 std::string first_slurm_host(const std::string& nodelist);
 

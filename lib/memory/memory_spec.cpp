@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <thread>
+
+#include "core/dist_env.h"
 
 namespace vlm::memory {
 
@@ -35,9 +36,7 @@ MemorySpec memory_spec(const Config& config) {
   if (config.train.lr.projector == 0.0) s.projector.trainable = false;
   if (config.train.lr.language == 0.0) s.language.trainable = false;
   // As runtime::configure_threads resolves train.threads.
-  s.threads = config.train.threads > 0
-                  ? config.train.threads
-                  : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  s.threads = config.train.threads > 0 ? config.train.threads : cpu_share_from_process().threads;
   return s;
 }
 

@@ -5,9 +5,17 @@
 namespace vlm::model {
 namespace {
 
-torch::Tensor int64_tensor(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
-  return torch::from_blob(const_cast<int32_t*>(values.data()), shape, torch::kInt32)
-      .to(torch::kInt64);  // copies
+// `host` (a view of the host batch's memory) as a tensor on `device` of `dtype`. CUDA: staged in
+// pinned memory and copied without blocking the host (the caching host allocator keeps the
+// staging buffer until the copy has run); the conversion to `dtype` runs on the device.
+torch::Tensor to_device(const torch::Tensor& host, const torch::Device& device,
+                        torch::ScalarType dtype) {
+  if (!device.is_cuda()) return host.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  return host.pin_memory().to(device, /*non_blocking=*/true).to(dtype);
+}
+
+torch::Tensor int32_view(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
+  return torch::from_blob(const_cast<int32_t*>(values.data()), shape, torch::kInt32);
 }
 
 }  // namespace
@@ -15,16 +23,24 @@ torch::Tensor int64_tensor(const std::vector<int32_t>& values, std::vector<int64
 VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device) {
   VlmBatch b;
   const std::vector<int64_t> shape{host.rows, host.row_length};
-  b.input_ids = int64_tensor(host.input_ids, shape).to(device);
-  b.position_ids = int64_tensor(host.position_ids, shape).to(device);
-  b.labels = int64_tensor(host.labels, shape).to(device);
-  b.cu_seqlens =
-      int64_tensor(host.cu_seqlens, {static_cast<int64_t>(host.cu_seqlens.size())}).to(device);
-  b.image_token_index = torch::tensor(host.image_token_index, torch::kInt64).to(device);
+  b.input_ids = to_device(int32_view(host.input_ids, shape), device, torch::kInt64);
+  b.position_ids = to_device(int32_view(host.position_ids, shape), device, torch::kInt64);
+  b.labels = to_device(int32_view(host.labels, shape), device, torch::kInt64);
+  // The boundaries stay on the host: attention reads them there (no device-to-host copy).
+  b.cu_seqlens = int32_view(host.cu_seqlens, {static_cast<int64_t>(host.cu_seqlens.size())})
+                     .to(torch::kInt64);
+  b.image_token_index =
+      host.image_token_index.empty()
+          ? torch::empty({0}, torch::TensorOptions().dtype(torch::kInt64).device(device))
+          : to_device(torch::from_blob(const_cast<int64_t*>(host.image_token_index.data()),
+                                       {static_cast<int64_t>(host.image_token_index.size())},
+                                       torch::kInt64),
+                      device, torch::kInt64);
   if (host.num_crops > 0 && !host.crops.empty()) {
-    b.crops = torch::from_blob(const_cast<float*>(host.crops.data()),
-                               {host.num_crops, 3, host.crop_size, host.crop_size}, torch::kFloat32)
-                  .to(device, /*non_blocking=*/false, /*copy=*/true);
+    b.crops = to_device(torch::from_blob(const_cast<float*>(host.crops.data()),
+                                         {host.num_crops, 3, host.crop_size, host.crop_size},
+                                         torch::kFloat32),
+                        device, torch::kFloat32);
   }
   return b;
 }

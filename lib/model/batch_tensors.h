@@ -6,9 +6,11 @@
 
 namespace vlm::model {
 
-// Copies `host` into tensors on `device`: ids, positions and labels as int64 [rows, T],
-// cu_seqlens and the image-token index as int64, crops [N, 3, S, S] float. No crops gives an
-// undefined crops tensor. The host batch stays intact (an OOM retry collates from it again).
+// Copies `host` into tensors on `device`: ids, positions and labels as int64 [rows, T], the
+// image-token index as int64, crops [N, 3, S, S] float; cu_seqlens as int64 on the host, where
+// attention reads it. No crops gives an undefined crops tensor. On CUDA the copies go through
+// pinned memory and do not block the host. The host batch stays intact (an OOM retry collates
+// from it again).
 VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device);
 
 }  // namespace vlm::model

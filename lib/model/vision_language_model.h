@@ -24,7 +24,8 @@ struct VlmBatch {
   torch::Tensor input_ids;     // [B, T] int64
   torch::Tensor position_ids;  // [B, T] int64, restarting at 0 for every packed sample
   torch::Tensor cu_seqlens;    // 1-D int64 boundaries over the flat B*T tokens, row starts
-                               // included (format: packed_attention.h)
+                               // included (format: packed_attention.h); best on the host,
+                               // where attention reads it (on a device it is copied back)
   torch::Tensor crops;         // [N, 3, S, S] float, normalised; undefined or N = 0: no images
   // [N * image_tokens_per_crop] int64: flat positions in B*T that receive the image
   // embeddings, crop by crop, each crop's tokens in pixel-shuffle order.

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
-#include <thread>
+#include "core/dist_env.h"
 
 namespace vlm::runtime {
 
@@ -25,7 +25,7 @@ std::string cuda_device_name(const c10::Device&) { return ""; }
 
 int configure_threads(int requested) {
   int threads = requested;
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = cpu_share_from_process().threads;
   torch::set_num_threads(threads);
   return threads;
 }

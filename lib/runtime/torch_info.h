@@ -13,8 +13,9 @@ int cuda_device_count();
 // The name CUDA reports for a device ("NVIDIA H100 80GB HBM3"); "" on the CPU.
 std::string cuda_device_name(const c10::Device& device);
 
-// Sets LibTorch's intra-op thread count; 0 means "all cores" (LibTorch 1.13 would otherwise
-// use hardware_concurrency()/2, i.e. one thread on a 2-core machine). Returns the count used.
+// Sets LibTorch's intra-op thread count; 0 means this rank's share of the CPUs (core/dist_env.h
+// cpu_share: the SLURM task's allocation, or the cores divided among torchrun's local ranks).
+// LibTorch 1.13 would otherwise use hardware_concurrency()/2. Returns the count used.
 int configure_threads(int requested);
 
 }  // namespace vlm::runtime

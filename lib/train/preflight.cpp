@@ -23,7 +23,7 @@ int64_t trial_step(const Config& config, const PreflightTarget& t, int64_t rows,
   b.input_ids = torch::randint(0, dims.language.vocab_size, {rows, T}, torch::kLong).to(t.device);
   b.position_ids = torch::arange(T).repeat({rows, 1}).to(t.device);
   b.labels = b.input_ids.clone();
-  b.cu_seqlens = torch::arange(0, rows * T + 1, T, torch::kLong).to(t.device);
+  b.cu_seqlens = torch::arange(0, rows * T + 1, T, torch::kLong);  // host: attention reads it
   const int64_t S = dims.vision.image_size;
   const int64_t image_tokens = std::min(crops * per_crop, rows * T);
   crops = image_tokens / per_crop;

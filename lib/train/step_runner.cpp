@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -13,20 +12,11 @@
 #include "runtime/oom.h"
 
 namespace vlm::train {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-}  // namespace
 
 void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step, StepWork& work) {
   if (host.rows == 0) return;
   const model::VlmBatch batch = model::to_tensors(host, c_.device);
-  auto start = Clock::now();
+  timer_.begin();
   torch::Tensor loss_sum;
   {
     AutocastScope autocast(c_.precision, c_.device);
@@ -36,8 +26,8 @@ void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step
     if (c_.faults->fire("nan_loss", step))
       loss_sum = loss_sum * std::numeric_limits<double>::quiet_NaN();
   }
-  work.forward_ms += ms_since(start);
-  start = Clock::now();
+  timer_.end(work.forward_ms);
+  timer_.begin();
   torch::Tensor objective = loss_sum * inv_n;
   if (c_.scaler) objective = c_.scaler->scale_loss(objective);
   if (c_.faults->fire("oom_backward", step))
@@ -45,8 +35,14 @@ void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step
   // A micro-batch whose loss reaches no trained parameter (text only, with the decoder frozen)
   // has nothing to propagate: its loss counts, its gradients are zero.
   if (objective.requires_grad()) objective.backward();
-  work.backward_ms += ms_since(start);
-  work.loss_sum += loss_sum.item<double>();
+  timer_.end(work.backward_ms);
+  if (c_.device.is_cuda()) {
+    // Read once at the end of the step: no host synchronisation per micro-step.
+    const torch::Tensor loss = loss_sum.detach();
+    work.loss_sum_device = work.loss_sum_device.defined() ? work.loss_sum_device + loss : loss;
+  } else {
+    work.loss_sum += loss_sum.item<double>();  // free on the CPU, and no tensor outlives it
+  }
 }
 
 void StepRunner::pre_split(std::vector<data::HostBatch>& sub_batches, int64_t cap_bytes) const {
@@ -77,6 +73,7 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
   for (;;) {
     StepWork work;
     work.oom_retries = retries;
+    timer_.clear();
     c_.optimizer->zero_grad();
     bool oom_anywhere = false;
     std::optional<std::pair<size_t, size_t>> offending;  // (slot, sub-batch) on this rank
@@ -99,7 +96,14 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
       }
       oom_anywhere = c_.comm->any_rank_flagged(oom_here);
     }
-    if (!oom_anywhere) return work;
+    if (!oom_anywhere) {
+      if (work.loss_sum_device.defined()) {
+        work.loss_sum = work.loss_sum_device.item<double>();
+        work.loss_sum_device = torch::Tensor();
+      }
+      timer_.collect();
+      return work;
+    }
 
     // Free everything the failed attempt holds before trying again.
     c_.optimizer->zero_grad();

@@ -21,6 +21,7 @@
 #include "data/batch/host_batch.h"
 #include "model/vision_language_model.h"
 #include "runtime/distributed.h"
+#include "runtime/phase_timer.h"
 #include "train/fault_injector.h"
 #include "train/loss_scaler.h"
 #include "train/memory_budget.h"
@@ -33,7 +34,8 @@ namespace vlm::train {
 
 // What one step did on this rank, summed over its micro-batches.
 struct StepWork {
-  double loss_sum = 0;  // this rank's summed token losses
+  double loss_sum = 0;     // this rank's summed token losses
+  torch::Tensor loss_sum_device;  // CUDA: the same, summed on the device until the step ends
   double forward_ms = 0;
   double backward_ms = 0;
   int64_t oom_retries = 0;  // times the step was redone after an OOM
@@ -54,7 +56,8 @@ struct StepRunnerContext {
 
 class StepRunner {
  public:
-  explicit StepRunner(StepRunnerContext context) : c_(std::move(context)) {}
+  explicit StepRunner(StepRunnerContext context)
+      : c_(std::move(context)), timer_(c_.device) {}
 
   // Runs step `step` (1-based) over this rank's micro-batches in micro-step order, leaving the
   // step's gradients accumulated in the parameters. Lowers the learned budget after an OOM.
@@ -68,6 +71,7 @@ class StepRunner {
   void pre_split(std::vector<data::HostBatch>& sub_batches, int64_t cap_bytes) const;
 
   StepRunnerContext c_;
+  runtime::PhaseTimer timer_;  // forward and backward times (CUDA: events, runtime/phase_timer.h)
 };
 
 }  // namespace vlm::train

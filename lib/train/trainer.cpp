@@ -10,9 +10,11 @@
 
 #include "core/logging.h"
 #include "data/data_setup.h"
+#include "runtime/compat.h"
 #include "runtime/distributed.h"
 #include "runtime/memory_stats.h"
 #include "runtime/oom.h"
+#include "runtime/phase_timer.h"
 #include "runtime/signals.h"
 #include "runtime/torch_info.h"
 #include "runtime/tracking_allocator.h"
@@ -107,13 +109,21 @@ void Trainer::setup() {
   const int threads = runtime::configure_threads(static_cast<int>(config_.train.threads));
   memory_ = std::make_unique<MemoryPredictor>(config_, threads,
                                               device_target(device_, dist_.world_size));
-  if (config_.memory.simulate_device_bytes.bytes > 0) {
+  if (device_.is_cuda()) runtime::compat::use_shape_agnostic_attention_kernels();
+  if (const int64_t cap = config_.memory.simulate_device_bytes.bytes; cap > 0) {
     if (device_.is_cuda()) {
-      throw ConfigError("memory.simulate_device_bytes is for CPU runs; on CUDA the device is real",
-                        loaded_.where("memory.simulate_device_bytes"));
+      // A smaller GPU on this one: the caching allocator's fraction, so OOMs are real ones.
+      const int64_t total = runtime::memory_stats(device_).device_total_bytes;
+      if (cap > total) {
+        throw ConfigError("memory.simulate_device_bytes (" + std::to_string(cap) +
+                              " bytes) is more than the device has (" + std::to_string(total) +
+                              " bytes)",
+                          loaded_.where("memory.simulate_device_bytes"));
+      }
+      runtime::set_memory_fraction(device_, static_cast<double>(cap) / static_cast<double>(total));
+    } else {
+      runtime::install_cpu_tracking_allocator().set_cap_bytes(cap);
     }
-    runtime::install_cpu_tracking_allocator().set_cap_bytes(
-        config_.memory.simulate_device_bytes.bytes);
   }
   runtime::DistributedOptions dist_options;
   dist_options.timeout = std::chrono::seconds(config_.distributed.timeout_s);
@@ -223,11 +233,12 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
       memory_->predict(step.batches, gradients_allocated(), optimizer_state_ready_);
   const StepWork work = runner_->run(std::move(step.batches), inv_n, state_.step + 1, state_);
 
-  auto t = Clock::now();
+  runtime::PhaseTimer timer(device_);  // CUDA: event times (runtime/phase_timer.h)
+  timer.begin();
   comm_->all_reduce_gradients(optimizer_->parameters(), runtime::GradientReduction::kSum);
-  m.allreduce_ms = ms_since(t);
+  timer.end(m.allreduce_ms);
 
-  t = Clock::now();
+  timer.begin();
   const double loss_total = comm_->all_reduce_sum({work.loss_sum})[0];
   const bool found_inf = scaler_ ? scaler_->unscale_(optimizer_->parameters()) : false;
   const double grad_norm = clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip);
@@ -244,7 +255,8 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   }
   optimizer_->zero_grad();
   if (scaler_) scaler_->update(found_inf);
-  m.optimizer_ms = ms_since(t);
+  timer.end(m.optimizer_ms);
+  timer.collect();
 
   ++state_.step;
   budget_->step_done(state_, work.oom_retries);
@@ -368,6 +380,8 @@ void Trainer::run_evaluation(bool final) {
   options.generate = final ? -1 : config_.train.eval_generate;
   options.max_new_tokens = config_.train.max_new_tokens;
   options.precision = precision_;
+  // Generation ends on every rank well before a collective could time out on the slowest.
+  if (comm_->is_distributed()) options.time_limit_s = 0.5 * config_.distributed.timeout_s;
   const auto start = Clock::now();
   const EvalResult r = evaluate(model_, *data_, *validation, *comm_, device_, options);
   std::map<std::string, double> values{
@@ -387,6 +401,11 @@ void Trainer::run_evaluation(bool final) {
   for (const auto& g : r.examples) {
     spdlog::info("  {}: expected '{}', answered '{}'{}", g.question, g.expected, g.answer,
                  g.correct ? "" : " (wrong)");
+  }
+  if (r.unanswered_for_time > 0) {
+    spdlog::warn("eval at step {}: {} questions left unanswered: generation stops after half the "
+                 "collective timeout ({} s, distributed.timeout_s)",
+                 state_.step, r.unanswered_for_time, options.time_limit_s);
   }
 }
 

@@ -48,3 +48,24 @@ TEST_CASE("inconsistent launcher variables are usage errors") {
   CHECK_THROWS_AS(detect_dist_env({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), vlm::UsageError);
   CHECK_THROWS_AS(detect_dist_env({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), vlm::UsageError);
 }
+
+TEST_CASE("threads per rank follow the scheduler's CPU allocation") {
+  using Env = std::map<std::string, std::string>;
+  // SLURM: the task's CPUs, never more than the process may run on.
+  CHECK(vlm::cpu_share(Env{{"SLURM_CPUS_PER_TASK", "8"}}, 64).threads == 8);
+  CHECK(vlm::cpu_share(Env{{"SLURM_CPUS_PER_TASK", "8"}}, 4).threads == 4);
+  CHECK(vlm::cpu_share(Env{{"SRUN_CPUS_PER_TASK", "6"}}, 64).threads == 6);
+  CHECK(vlm::cpu_share(Env{{"SLURM_CPUS_PER_TASK", "8"}}, 64).source == "SLURM_CPUS_PER_TASK=8");
+  // torchrun: the cores shared by the node's ranks; inside a SLURM task, its allocation.
+  CHECK(vlm::cpu_share(Env{{"LOCAL_WORLD_SIZE", "4"}}, 64).threads == 16);
+  CHECK(vlm::cpu_share(Env{{"LOCAL_WORLD_SIZE", "8"}}, 4).threads == 1);
+  const auto torchrun_in_slurm =
+      vlm::cpu_share(Env{{"LOCAL_WORLD_SIZE", "8"}, {"SLURM_CPUS_PER_TASK", "96"}}, 128);
+  CHECK(torchrun_in_slurm.threads == 12);
+  CHECK(torchrun_in_slurm.source == "SLURM_CPUS_PER_TASK=96 / LOCAL_WORLD_SIZE=8");
+  CHECK(vlm::cpu_share(Env{}, 12).threads == 12);
+  CHECK(vlm::cpu_share(Env{}, 0).threads == 1);
+  CHECK_THROWS_WITH(vlm::cpu_share(Env{{"SLURM_CPUS_PER_TASK", "eight"}}, 8),
+                    Catch::Contains("SLURM_CPUS_PER_TASK='eight'"));
+  CHECK(vlm::affinity_cpu_count() >= 1);
+}

@@ -2,10 +2,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+
+#include <sys/wait.h>
 
 #include "core/error.h"
 #include "support/test_support.h"
@@ -302,4 +305,33 @@ TEST_CASE("inspect-batches reports the share of samples the limits dropped") {
   CHECK(most_log.find("% of the samples are dropped by the limits") != std::string::npos);
   CHECK(most_log.find("most by too_long (") != std::string::npos);
   CHECK(most_log.find(", data.max_sample_length): raise it") != std::string::npos);
+}
+
+TEST_CASE("scripts/gpu-check.sh: no GPU is a documented skip (77), a bad argument a usage error") {
+  // A PATH whose nvidia-smi finds no GPU, so the test means the same on a GPU machine.
+  TempDir bin("vlmtrain-no-gpu");
+  const std::string stub = write_file(bin / "nvidia-smi", "#!/bin/sh\nexit 9\n");
+  std::filesystem::permissions(stub, std::filesystem::perms::owner_all);
+  const auto run = [&](const std::string& args) {
+    const std::string command = "PATH='" + bin.path().string() + "':\"$PATH\" bash '" +
+                                (vlm::test::source_dir() / "scripts" / "gpu-check.sh").string() +
+                                "' " + args + " 2>&1";
+    vlm::test::CommandResult r;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    char buffer[4096];
+    size_t n = 0;
+    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
+    const int status = ::pclose(pipe);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  const auto skipped = run("--no-build --work '" + (bin / "work").string() + "'");
+  INFO(skipped.output);
+  CHECK(skipped.exit_code == 77);
+  CHECK(skipped.output.find("no CUDA GPU here") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(bin / "work"));  // nothing was started
+  const auto bad = run("--fast");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("unknown argument '--fast'") != std::string::npos);
 }

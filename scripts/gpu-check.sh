@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# On a machine with a CUDA GPU, one command: build vlmtrain against the PyTorch (or LibTorch)
+# found, run the test suite, then check the CUDA paths in turn and write a JSON report
+# (docs/gpu.md): a bf16 training step of each preset; injected OOMs in forward, backward and the
+# optimizer recovered with the same weights; a real OOM under a capped allocator recovered;
+# activation checkpointing on and off equal; a resume equal to a straight run; allocated and
+# reserved peaks against the memory model; useful tokens/s and MFU of the 222M and 460M presets.
+#
+#   scripts/gpu-check.sh [--build-dir DIR] [--report FILE] [--work DIR] [--no-build]
+#                        [--no-ctest] [--only CHECKS] [--presets LIST]
+#
+# LibTorch: CMAKE_PREFIX_PATH as given, else the one of python3's torch. Other dependencies:
+# as for any build (scripts/install-deps.sh, or CMAKE_PREFIX_PATH); VLM_CMAKE_ARGS adds flags.
+# Exit codes: 0 every check passed; 3 a check failed (the report says which and why); 4 the
+# build or the test suite failed; 77 no CUDA GPU here (nothing was checked); 2 usage.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+build_dir=build-gpu report=gpu-check.json work=gpu-check-runs build=1 ctest=1 only="" presets=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) build_dir=$2; shift 2 ;;
+    --report) report=$2; shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    --no-build) build=0; shift ;;
+    --no-ctest) ctest=0; shift ;;
+    --only) only=$2; shift 2 ;;
+    --presets) presets=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu-check: no CUDA GPU here (nvidia-smi lists none): nothing checked (exit 77)"
+  exit 77
+fi
+mkdir -p "$work"
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
+echo "gpu-check: $gpu"
+
+if [ "$build" = 1 ]; then
+  prefix=${CMAKE_PREFIX_PATH:-}
+  if [ -z "$prefix" ]; then
+    prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
+      echo "gpu-check: no CMAKE_PREFIX_PATH and no python3 torch to find LibTorch" >&2; exit 4; }
+  fi
+  # shellcheck disable=SC2086  # VLM_CMAKE_ARGS is a list of flags
+  if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+         -DCMAKE_PREFIX_PATH="$prefix" ${VLM_CMAKE_ARGS:-} > "$work/configure.log" 2>&1 ||
+     ! cmake --build "$build_dir" -j "$(nproc)" > "$work/build.log" 2>&1; then
+    echo "gpu-check: the build failed; see $work/configure.log and $work/build.log" >&2
+    grep -E -A3 'error:|CMake Error' "$work/configure.log" "$work/build.log" | head -40 >&2
+    exit 4
+  fi
+  echo "gpu-check: built $build_dir/vlmtrain"
+fi
+
+ctest_json='null'
+if [ "$ctest" = 1 ]; then
+  # The suite is the CPU suite (its expectations are the CPU's: the tracking allocator, Gloo):
+  # on this build it checks that LibTorch's CPU side and the compat layer hold on this version.
+  started=$(date +%s)
+  CUDA_VISIBLE_DEVICES='' ctest --test-dir "$build_dir" -j "$(nproc)" --timeout 900 \
+      > "$work/ctest.log" 2>&1
+  ctest_rc=$?
+  failed=$(grep -E '^\s+[0-9]+ - ' "$work/ctest.log" | sed -E 's/^\s+[0-9]+ - //; s/ \(.*//' |
+           python3 -c 'import json,sys; print(json.dumps([l.strip() for l in sys.stdin]))')
+  summary=$(grep -E 'tests passed' "$work/ctest.log" | tail -1)
+  ctest_json="{\"exit\": $ctest_rc, \"summary\": \"$summary\", \"failed\": $failed, \
+\"seconds\": $(( $(date +%s) - started ))}"
+  echo "gpu-check: ctest: $summary"
+fi
+
+torch_version=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)
+header="{\"gpu\": \"$gpu\", \"torch\": \"$torch_version\", \"ctest\": $ctest_json, \
+\"vlmtrain\": \"$("$build_dir/vlmtrain" --version | head -1)\"}"
+args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --header "$header")
+[ -n "$only" ] && args+=(--only "$only")
+[ -n "$presets" ] && args+=(--presets "$presets")
+python3 scripts/gpu_check.py "${args[@]}"
+rc=$?
+if [ "$ctest" = 1 ] && [ "$ctest_rc" != 0 ] && [ "$rc" = 0 ]; then rc=4; fi
+exit $rc

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""The checks of scripts/gpu-check.sh, run on a machine with a CUDA GPU after the build.
+
+Each check trains with the built `vlmtrain` on the demo dataset and records what it measured;
+the report (JSON) holds every check's figures and whether it passed (docs/gpu.md). Python's
+standard library only: weights are compared by reading the checkpoints' safetensors files.
+
+  python3 scripts/gpu_check.py --vlmtrain build-gpu/vlmtrain --work DIR --report FILE
+"""
+import argparse
+import array
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Small, fast runs of the tiny model (the demo config with shorter rows).
+TINY = [
+    "model.preset=tiny", "data.max_img_size=128", "packing.max_seq_len=512",
+    "data.max_sample_length=512", "packing.max_images_per_knapsack=8", "train.batch_size=4",
+    "train.gradient_accumulation_steps=1", "train.warmup_steps=2", "train.seed=3",
+    "train.eval_every=0", "data.validation=[]", "output.checkpoint_every=1000",
+]
+# nanoVLM's configuration (configs/nanovlm.yaml: 4096-token rows, images resized to 2048 px and
+# split into 512-px crops) with random weights and the byte tokenizer, on the demo images.
+NANOVLM = [
+    "model.tokenizer=builtin:bytes", "model.vision_weights=''", "model.language_weights=''",
+    "train.gradient_accumulation_steps=1", "train.warmup_steps=2", "train.eval_every=0",
+    "data.validation=[]", "output.checkpoint_every=1000",
+]
+
+
+def nanovlm(preset):
+    """NANOVLM for a preset: images resized to 4 crops on the long side (2048 px for the 460M
+    model's 512-px crops, as nanoVLM; 896 px for the 222M model's 224-px crops)."""
+    side = 2048 if preset == "nanovlm-460m" else 896
+    return NANOVLM + [f"model.preset={preset}", f"data.max_img_size={side}"]
+
+
+class Runner:
+    def __init__(self, vlmtrain, work, data):
+        self.vlmtrain, self.work, self.data = vlmtrain, work, data
+
+    def train(self, name, config, overrides, env=None, expect_ok=True):
+        """Runs `vlmtrain train`; returns (exit code, run dir, step records)."""
+        out = os.path.join(self.work, name)
+        args = [self.vlmtrain, "--no-color", "train", "--config", os.path.join(ROOT, config),
+                "--set", f"data.train=[{{path: {self.data}/train.jsonl}}]",
+                "--set", "train.device=cuda", "--set", f"output.dir={out}"]
+        for item in overrides:
+            args += ["--set", item]
+        started = time.time()
+        with open(out + ".log", "a") as log:
+            log.write("$ " + " ".join(args) + "\n")
+            log.flush()
+            code = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT,
+                                   env=dict(os.environ, **(env or {})))
+        print(f"  {name}: exit {code} in {time.time() - started:.0f} s", flush=True)
+        if expect_ok and code != 0:
+            raise CheckFailed(f"{name}: vlmtrain exited {code} (log: {out}.log)")
+        return code, out, records(out, "step")
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def records(run_dir, kind):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if r.get("type") == kind]
+
+
+def final_weights(run_dir):
+    """{name: array of floats} from the newest checkpoint's model.safetensors."""
+    ckpt = os.path.join(run_dir, "checkpoints")
+    steps = sorted(d for d in os.listdir(ckpt) if d.startswith("step-") and ".tmp" not in d)
+    with open(os.path.join(ckpt, steps[-1], "model.safetensors"), "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+        body = f.read()
+    tensors = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = meta["data_offsets"]
+        raw = body[begin:end]
+        if meta["dtype"] == "F32":
+            values = array.array("f", raw)
+        elif meta["dtype"] == "BF16":  # the high half of an fp32
+            halves = array.array("H", raw)
+            values = array.array("f", array.array("I", (h << 16 for h in halves)).tobytes())
+        else:
+            raise CheckFailed(f"unexpected dtype {meta['dtype']} of {name}")
+        tensors[name] = values
+    return tensors
+
+
+def max_difference(a, b):
+    if a.keys() != b.keys():
+        raise CheckFailed("the checkpoints hold different tensors")
+    return max(max((abs(x - y) for x, y in zip(a[n], b[n])), default=0.0) for n in a)
+
+
+def finite_losses(steps):
+    return bool(steps) and all(s.get("loss") is not None and math.isfinite(s["loss"])
+                               for s in steps)
+
+
+def prediction_errors(steps):
+    """(predicted - measured) / measured of the allocated and reserved peaks per step."""
+    out = {"allocated": [], "reserved": []}
+    for s in steps:
+        if s.get("oom_retries", 0):
+            continue
+        for kind, pred, meas in (("allocated", "memory/predicted_peak_bytes",
+                                  "memory/peak_allocated_bytes"),
+                                 ("reserved", "memory/predicted_reserved_bytes",
+                                  "memory/peak_reserved_bytes")):
+            if s.get(pred) and s.get(meas):
+                out[kind].append((s[pred] - s[meas]) / s[meas])
+    return out
+
+
+def summary_of(steps, skip=0):
+    kept = steps[skip:] or steps
+    def median(key):
+        values = [s[key] for s in kept if s.get(key) is not None]
+        return statistics.median(values) if values else None
+    errors = prediction_errors(steps)
+    return {
+        "steps": len(steps),
+        "loss_first": steps[0]["loss"] if steps else None,
+        "loss_last": steps[-1]["loss"] if steps else None,
+        "tokens_per_step": median("tokens"),
+        "crops_per_step": median("crops"),
+        "useful_tokens_per_s": median("throughput/tokens_per_s"),
+        "mfu": median("mfu"),
+        "step_ms": median("time/step_ms"),
+        "peak_allocated_bytes": max((s.get("memory/peak_allocated_bytes") or 0) for s in steps),
+        "peak_reserved_bytes": max((s.get("memory/peak_reserved_bytes") or 0) for s in steps),
+        "predicted_peak_bytes": max((s.get("memory/predicted_peak_bytes") or 0) for s in steps),
+        "predicted_reserved_bytes": max((s.get("memory/predicted_reserved_bytes") or 0)
+                                        for s in steps),
+        "prediction_error_allocated": errors["allocated"],
+        "prediction_error_reserved": errors["reserved"],
+    }
+
+
+def check_bf16_steps(r, presets):
+    out = {}
+    for preset in presets:
+        if preset == "tiny":
+            _, _, steps = r.train("bf16-tiny", "configs/demo.yaml",
+                                  TINY + ["train.precision=bf16", "train.max_steps=10"])
+        else:
+            _, _, steps = r.train(f"bf16-{preset}", "configs/nanovlm.yaml",
+                                  nanovlm(preset) + ["train.batch_size=1", "train.max_steps=4"])
+        if not finite_losses(steps):
+            raise CheckFailed(f"bf16 {preset}: a step's loss is not finite")
+        out[preset] = summary_of(steps)
+    return out
+
+
+def check_injected_ooms(r):
+    base = TINY + ["train.precision=fp32", "train.max_steps=8"]
+    _, clean, _ = r.train("oom-clean", "configs/demo.yaml", base)
+    reference = final_weights(clean)
+    out = {}
+    for kind, step in (("oom_forward", 2), ("oom_backward", 3), ("oom_optimizer", 4)):
+        _, run, steps = r.train(f"oom-{kind}", "configs/demo.yaml", base,
+                                env={"VLMTRAIN_INJECT_FAULT": f"{kind}@{step}"})
+        diff = max_difference(reference, final_weights(run))
+        out[kind] = {"max_weight_difference": diff,
+                     "oom_retries": sum(s.get("oom_retries", 0) for s in steps)}
+        if diff > 1e-5:
+            raise CheckFailed(f"{kind}: weights differ by {diff:g} from the clean run")
+    return out
+
+
+def check_real_oom(r):
+    """A cap under the measured peak (the caching allocator's memory fraction): the trainer
+    splits the micro-batch after real CUDA OOMs and reaches the uncapped run's weights."""
+    base = TINY + ["train.precision=fp32", "train.max_steps=6", "train.batch_size=8"]
+    _, free_run, steps = r.train("real-oom-free", "configs/demo.yaml", base)
+    peak = max(s["memory/peak_allocated_bytes"] for s in steps)
+    static = max(s.get("memory/predicted_static_bytes") or 0 for s in steps)
+    cap = int(static + 0.6 * (peak - static))
+    _, capped, capped_steps = r.train(
+        "real-oom-capped", "configs/demo.yaml",
+        base + [f"memory.simulate_device_bytes={cap}", "train.preflight=false"])
+    diff = max_difference(final_weights(free_run), final_weights(capped))
+    retries = sum(s.get("oom_retries", 0) for s in capped_steps)
+    if retries == 0:
+        raise CheckFailed(f"a cap of {cap} bytes (peak {peak}) caused no OOM")
+    if diff > 1e-5:
+        raise CheckFailed(f"weights after real OOMs differ by {diff:g}")
+    return {"cap_bytes": cap, "uncapped_peak_bytes": peak, "oom_retries": retries,
+            "max_weight_difference": diff}
+
+
+def check_checkpointing(r):
+    base = TINY + ["train.precision=fp32", "train.max_steps=6"]
+    _, plain, _ = r.train("ckpt-off", "configs/demo.yaml", base)
+    _, ckpt, _ = r.train("ckpt-on", "configs/demo.yaml",
+                         base + ["model.checkpoint_vision=true", "model.checkpoint_language=true"])
+    diff = max_difference(final_weights(plain), final_weights(ckpt))
+    if diff > 1e-5:
+        raise CheckFailed(f"checkpointing changes the weights by {diff:g}")
+    return {"max_weight_difference": diff}
+
+
+def check_resume(r):
+    # A constant rate, so that the first part's shorter max_steps does not change the schedule.
+    base = TINY + ["train.precision=bf16", "output.checkpoint_every=3", "train.schedule=constant",
+                   "train.warmup_steps=0"]
+    _, straight, _ = r.train("resume-straight", "configs/demo.yaml", base + ["train.max_steps=6"])
+    r.train("resume-split", "configs/demo.yaml", base + ["train.max_steps=3"])
+    _, split, steps = r.train("resume-split", "configs/demo.yaml", base + ["train.max_steps=6"])
+    diff = max_difference(final_weights(straight), final_weights(split))
+    if diff > 1e-6:
+        raise CheckFailed(f"a resumed run ends {diff:g} away from the straight one")
+    return {"max_weight_difference": diff, "steps_after_resume": len(steps)}
+
+
+def check_throughput(r, presets, steps):
+    out = {}
+    for preset in presets:
+        _, _, recs = r.train(f"throughput-{preset}", "configs/nanovlm.yaml",
+                             nanovlm(preset) + ["train.batch_size=1", "train.precision=bf16",
+                                                f"train.max_steps={steps}"])
+        out[preset] = summary_of(recs, skip=3)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--vlmtrain", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--report", required=True)
+    p.add_argument("--presets", default="tiny,nanovlm-222m,nanovlm-460m")
+    p.add_argument("--throughput-steps", type=int, default=20)
+    p.add_argument("--only", default="", help="comma-separated check names")
+    p.add_argument("--header", default="{}", help="JSON merged into the report (the build's)")
+    a = p.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    data = os.path.join(a.work, "demo-data")
+    if not os.path.exists(os.path.join(data, "train.jsonl")):
+        subprocess.check_call([a.vlmtrain, "make-demo-data", "--out", data],
+                              stdout=subprocess.DEVNULL)
+    r = Runner(os.path.abspath(a.vlmtrain), os.path.abspath(a.work), os.path.abspath(data))
+    presets = a.presets.split(",")
+    big = [x for x in presets if x != "tiny"]
+    checks = [
+        ("bf16_step", lambda: check_bf16_steps(r, presets)),
+        ("injected_oom", lambda: check_injected_ooms(r)),
+        ("real_oom", lambda: check_real_oom(r)),
+        ("checkpointing_equal", lambda: check_checkpointing(r)),
+        ("resume", lambda: check_resume(r)),
+        ("throughput", lambda: check_throughput(r, big, a.throughput_steps)),
+    ]
+    report = json.loads(a.header)
+    report.update({"date": time.strftime("%Y-%m-%d"), "checks": {}})
+    wanted = set(filter(None, a.only.split(",")))
+    failed = []
+    for name, run in checks:
+        if wanted and name not in wanted:
+            continue
+        print(f"check {name}", flush=True)
+        started = time.time()
+        try:
+            result = {"passed": True, **run()}
+        except CheckFailed as e:
+            result = {"passed": False, "reason": str(e)}
+            failed.append(name)
+        result["seconds"] = round(time.time() - started, 1)
+        report["checks"][name] = result
+        print(f"  {'ok' if result['passed'] else 'FAILED: ' + result['reason']}", flush=True)
+        with open(a.report, "w") as f:  # after every check, so a cut-off run keeps the rest
+            json.dump(report, f, indent=2)
+    report["passed"] = not failed
+    with open(a.report, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"gpu-check: {len(report['checks']) - len(failed)} of {len(report['checks'])} "
+          f"checks passed; report {a.report}")
+    return 3 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -141,7 +141,7 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   report.torch = torch.str();
   report.targeted = target.has_value();
   const bool cuda = target ? target->device.cuda : true;  // no target: the catalog's GPUs
-  report.worst = estimate::estimate_worst_case(config, cuda);
+  report.worst = estimate::estimate_worst_case(config, cuda, args.ranks);
   if (const std::string why = estimate::unmodelled_torch(torch); !why.empty()) {
     report.worst.modelled = false;
     report.worst.why_not = why;
@@ -163,7 +163,7 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   // training would (docs/sampler.md); without a target, a rank's share is one micro-batch.
   const auto cap_for = [&, target](const Config& c) -> data::MemoryCap {
     if (!c.train.batch_size_auto() || !target) return {};
-    const estimate::MicroBatchMemory memory(estimate::run_spec(c, target->device.cuda),
+    const estimate::MicroBatchMemory memory(estimate::run_spec(c, target->device.cuda, args.ranks),
                                             target->device,
                                             calibrated(target->device).corrections);
     if (!memory.why_not().empty()) return {};
@@ -235,12 +235,6 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
         "LibTorch " + torch.str() + " computes attention in full: every ViT block keeps its "
         "crops' score matrices and every decoder block its samples' (the fused kernels of "
         "LibTorch >= 2.0 keep none); --torch names the target's version");
-  }
-  if (args.ranks > 1) {
-    report.caveats.push_back(
-        "with " + std::to_string(args.ranks) +
-        " ranks the gradient all-reduce keeps up to two buckets of gradients in flight, which "
-        "the prediction does not include yet (docs/memory.md)");
   }
   if (config.train.precision == "fp16") {
     report.caveats.push_back("fp16's loss-scaler state (a few bytes) is not counted");

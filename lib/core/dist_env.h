@@ -4,6 +4,7 @@
 // SLURM_JOB_NODELIST, SLURM_JOB_ID), or a single process.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -23,6 +24,10 @@ struct DistEnv {
 // Throws UsageError for inconsistent values (RANK >= WORLD_SIZE, non-numbers, ...).
 DistEnv detect_dist_env(const std::map<std::string, std::string>& env);
 DistEnv detect_dist_env_from_process();
+
+// Gradients are all-reduced in buckets of about this many bytes (runtime/distributed.h); the
+// memory model replays the same bucketing (memory/step_peaks.h).
+inline constexpr int64_t kGradientBucketBytes = 25 * 1024 * 1024;
 
 // The CPU threads this rank may use when train.threads is 0, and where the figure comes from:
 // the SLURM task's allocation (SLURM_CPUS_PER_TASK, or SRUN_CPUS_PER_TASK), at most the

@@ -10,9 +10,10 @@
 
 namespace vlm::estimate {
 
-memory::MemorySpec run_spec(const Config& config, bool cuda) {
+memory::MemorySpec run_spec(const Config& config, bool cuda, int64_t ranks) {
   memory::MemorySpec spec = memory::memory_spec(config);
   if (cuda) spec.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
+  spec.ranks = ranks;
   return spec;
 }
 
@@ -36,9 +37,9 @@ StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& sha
   return best;
 }
 
-WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda) {
+WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks) {
   WorstCaseEstimate e;
-  e.spec = run_spec(config, cuda);
+  e.spec = run_spec(config, cuda, ranks);
   e.statics = memory::static_memory(e.spec);
   e.worst = data::worst_case(data::worst_case_inputs(config));
   const std::vector<memory::BatchShape> shapes = worst_case_shapes(config, e.worst);
@@ -66,6 +67,7 @@ WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda) {
   const memory::StepPrediction first = memory::predict_step(e.spec, step, {true, false});
   e.phases.forward = later.forward_peak;
   e.phases.backward = later.backward_peak;
+  e.phases.gradient_allreduce = later.allreduce_peak;
   e.phases.optimizer = later.optimizer_peak;
   e.phases.optimizer_first_step = first.optimizer_peak;
   return e;

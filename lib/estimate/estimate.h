@@ -23,8 +23,9 @@
 namespace vlm::estimate {
 
 // The memory spec of `config` for a run on a CUDA device (no CPU-only terms) or on this CPU
-// (train.threads; 0 there means every core of this machine).
-memory::MemorySpec run_spec(const Config& config, bool cuda);
+// (train.threads; 0 there means this rank's share of the cores), over `ranks` data-parallel
+// ranks (the gradient all-reduce from 2 on).
+memory::MemorySpec run_spec(const Config& config, bool cuda, int64_t ranks = 1);
 
 // A step made of `micro_steps` micro-batches of one shape, at the heaviest of the states a run
 // goes through: its first step (the preflight's gradients, AdamW's moments created) and every
@@ -43,6 +44,7 @@ StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& sha
 struct Phases {
   int64_t forward = 0;
   int64_t backward = 0;
+  int64_t gradient_allreduce = 0;  // ranks > 1; else the static bytes
   int64_t optimizer_first_step = 0;
   int64_t optimizer = 0;
 };
@@ -61,7 +63,7 @@ struct WorstCaseEstimate {
   Phases phases;
 };
 
-WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda);
+WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks = 1);
 
 // The memory model replays LibTorch 1.13's operators. From 2.0 on, attention runs through
 // scaled_dot_product_attention (runtime/compat.h), whose kernels save and allocate other

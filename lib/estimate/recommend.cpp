@@ -182,7 +182,8 @@ class Search {
       std::vector<std::string> overrides = options_.overrides;
       overrides.insert(overrides.end(), set.begin(), set.end());
       const Config config = load_config(options_.config_path, overrides).config;
-      const WorstCaseEstimate e = estimate_worst_case(config, options_.target.device.cuda);
+      const WorstCaseEstimate e = estimate_worst_case(config, options_.target.device.cuda,
+                                                      options_.target.device.ranks);
       if (e.modelled) {
         const Verdict v = verdict(e.spec, e.step, options_.target, options_.corrections);
         Recommendation r;

@@ -179,6 +179,7 @@ json to_json(const Report& r) {
                                       : json(nullptr);
   j["phases"] = e.modelled ? json{{"forward", e.phases.forward},
                                   {"backward", e.phases.backward},
+                                  {"gradient_allreduce", e.phases.gradient_allreduce},
                                   {"optimizer_first_step", e.phases.optimizer_first_step},
                                   {"optimizer", e.phases.optimizer}}
                            : json(nullptr);
@@ -299,6 +300,7 @@ std::string to_text(const Report& r, bool bars) {
       out << "\n";
     }
     out << "  phases: forward " << gib(e.phases.forward) << ", backward " << gib(e.phases.backward)
+        << (e.spec.ranks > 1 ? ", gradient all-reduce " + gib(e.phases.gradient_allreduce) : "")
         << ", optimizer " << gib(e.phases.optimizer) << " (first step, creating AdamW's moments: "
         << gib(e.phases.optimizer_first_step) << ")\n";
     out << "  saved for backward: vision " << gib(e.saved.vision) << ", projector "

@@ -14,8 +14,9 @@ namespace {
 
 constexpr memory::StepState kSteadyState{true, true};
 
-memory::MemorySpec cuda_spec(memory::MemorySpec spec, bool cuda) {
-  if (cuda) spec.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
+memory::MemorySpec target_spec(memory::MemorySpec spec, const memory::DeviceTarget& target) {
+  if (target.cuda) spec.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
+  spec.ranks = target.ranks;          // the gradient all-reduce from 2 ranks on
   return spec;
 }
 
@@ -58,7 +59,7 @@ std::optional<MemoryBudget> resolve_budget(const Config& config,
 
 MicroBatchMemory::MicroBatchMemory(memory::MemorySpec spec, memory::DeviceTarget target,
                                    memory::DeviceCorrections corrections)
-    : spec_(cuda_spec(std::move(spec), target.cuda)),
+    : spec_(target_spec(std::move(spec), target)),
       target_(std::move(target)),
       corrections_(corrections),
       static_tensors_(memory::static_tensor_bytes(spec_, kSteadyState, /*rounded=*/false)),

@@ -37,6 +37,10 @@ struct MemorySpec {
   // oneDNN's bf16 products book a scratchpad per thread. 0 here: the step runs on a GPU, where
   // neither CPU term exists.
   int64_t threads = 1;
+  // Data-parallel ranks. From 2 on, the gradients are all-reduced after the last backward, in
+  // flattened buckets (memory/step_peaks.h allreduce_peak), and the communicator holds its
+  // buffers: a 4-byte flag for the OOM agreement and 64 doubles for metrics (516 bytes).
+  int64_t ranks = 1;
 };
 
 // The spec of a config's run (model.*, train.precision, train.lr.*).

@@ -4,6 +4,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/dist_env.h"
 #include "memory/replay.h"
 
 namespace vlm::memory {
@@ -85,6 +86,26 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
 }
 
 }  // namespace
+
+int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step) {
+  if (spec.ranks < 2) return 0;
+  std::vector<int64_t> flattened;  // per bucket: the bytes its flattening allocates
+  int64_t bytes = 0, tensors = 0;
+  for (const int64_t n : stepped_parameters(spec, shape, first_step)) {
+    bytes += 4 * n;  // fp32 gradients, one dtype: one group
+    ++tensors;
+    if (bytes >= kGradientBucketBytes) {
+      flattened.push_back(tensors > 1 ? bytes : 0);
+      bytes = tensors = 0;
+    }
+  }
+  if (tensors > 0) flattened.push_back(tensors > 1 ? bytes : 0);
+  int64_t peak = 0;
+  for (size_t i = 0; i < flattened.size(); ++i) {
+    peak = std::max(peak, flattened[i] + (i + 1 < flattened.size() ? flattened[i + 1] : 0));
+  }
+  return peak;
+}
 
 int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step,
                             bool moments_exist) {

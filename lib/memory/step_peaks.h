@@ -53,6 +53,12 @@ struct PhasePeaks {
 // batch.
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step);
 
+// Communicator::all_reduce_gradients's peak above the live bytes before it (ranks > 1; 0 for one
+// rank): the gradients in AdamW's order, cut by take_tensors into buckets that close once they
+// reach kGradientBucketBytes; a bucket of several tensors is flattened by cat (its bytes, until
+// its reduction is done), one of a single tensor is a view; at most two are in flight.
+int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step);
+
 // GroupedAdamW::step's peak above the live bytes before it (the gradients live): the moments
 // created one by one unless `moments_exist`, and each update's temporaries. `shape` and
 // `first_step` say which parameters have gradients, as for step_peaks.

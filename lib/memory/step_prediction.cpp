@@ -14,6 +14,9 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
   const StaticMemory statics = static_memory(spec);
   int64_t live = statics.parameter_bytes() + (before.gradients ? statics.gradient_bytes() : 0) +
                  (before.moments ? statics.moment_bytes() : 0);
+  // The communicator's buffers (runtime/distributed.cpp): the OOM-agreement flag (int32) and
+  // 64 doubles for the metrics' all-reduces.
+  if (spec.ranks > 1) live += 4 + 64 * 8;
   p.static_bytes = live;
   p.peak_bytes = live;
   if (micro_batches.empty()) {
@@ -62,12 +65,19 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
     if (!gradients) live += statics.gradient_bytes();
     gradients = true;
   }
+  // The gradient all-reduce (ranks > 1), then AdamW, over the gradients of the whole step.
+  const int64_t allreduce =
+      live + allreduce_peak(spec, micro_batches.back(), /*first_step=*/false);
+  p.allreduce_peak = allreduce;
   const int64_t optimizer =
       live + optimizer_step_peak(spec, micro_batches.back(), /*first_step=*/false, before.moments);
   p.optimizer_peak = optimizer;
-  if (optimizer > p.peak_bytes) {
+  if (optimizer > p.peak_bytes && optimizer >= allreduce) {
     p.peak_bytes = optimizer;
     p.peak_phase = "optimizer";
+  } else if (allreduce > p.peak_bytes) {
+    p.peak_bytes = allreduce;
+    p.peak_phase = "gradient all-reduce";
   } else if (peak_where) {
     p.peak_phase = "micro-step " + std::to_string(peak_micro + 1) + peak_where;
   }

@@ -30,6 +30,7 @@ struct StepPrediction {
   // The highest live bytes in each phase, over the step's micro-steps (static included).
   int64_t forward_peak = 0;
   int64_t backward_peak = 0;
+  int64_t allreduce_peak = 0;  // the gradient all-reduce (ranks > 1; else the live bytes)
   int64_t optimizer_peak = 0;
 };
 

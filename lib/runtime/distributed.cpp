@@ -9,6 +9,7 @@
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <thread>
 
@@ -29,6 +30,10 @@ constexpr std::chrono::milliseconds kWaitGrace{1000};
 // At most this many gradient buckets in flight: overlaps one bucket's reduction with the
 // next one's flattening while holding only two bucket copies of the gradients.
 constexpr size_t kBucketsInFlight = 2;
+
+// all_reduce_sum / all_reduce_max reduce at most this many values in the communicator's own
+// buffer (more are reduced in a fresh tensor).
+constexpr int64_t kMetricSlots = 64;
 
 std::string choose_backend(const DistributedOptions& options) {
   if (options.backend == "auto") return options.device.is_cuda() ? "nccl" : "gloo";
@@ -66,7 +71,8 @@ struct Communicator::Impl {
   std::string backend_name = "none";
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<compat::CollectiveBackend> backend;
-  at::Tensor flag;  // int32 [1] on options.device, reused by any_rank_flagged and barrier
+  at::Tensor flag;     // int32 [1] on options.device, reused by any_rank_flagged and barrier
+  at::Tensor doubles;  // float64 [kMetricSlots] on options.device, reused by all_reduce_sum/max
 
   bool distributed() const { return env.world_size > 1; }
 
@@ -106,6 +112,17 @@ struct Communicator::Impl {
     }
   }
 
+  // Gloo's worker thread lets go of a finished work, and of the tensor it reduced, a moment
+  // after completing it. On the CPU, wait (at most a second) until this thread holds the last
+  // reference, so that a gradient bucket is freed when all_reduce_gradients returns rather than
+  // while the optimizer allocates: the step's peak then does not depend on that race, and the
+  // memory model (docs/memory.md, "The gradient all-reduce") counts the bucket freed.
+  void await_release(const WorkPtr& work) const {
+    if (!options.device.is_cpu()) return;
+    const auto deadline = Clock::now() + std::chrono::seconds(1);
+    while (work.use_count() > 1 && Clock::now() < deadline) std::this_thread::yield();
+  }
+
   WorkPtr start_all_reduce(at::Tensor& tensor, c10d::ReduceOp op, const std::string& collective,
                            Clock::time_point started) {
     std::vector<at::Tensor> tensors{tensor};
@@ -143,11 +160,27 @@ struct Communicator::Impl {
   std::vector<double> all_reduce_doubles(const std::vector<double>& values, c10d::ReduceOp op,
                                          const std::string& collective) {
     if (!distributed() || values.empty()) return values;
-    at::Tensor tensor = torch::tensor(values, torch::kFloat64).to(options.device);
+    const auto n = static_cast<int64_t>(values.size());
+    // The communicator's own buffer: no allocation right after the gradient all-reduce, while
+    // the backend's worker thread may still hold the last bucket (the memory model's peak would
+    // then depend on that race).
+    at::Tensor tensor = n <= doubles.numel()
+                            ? doubles.narrow(0, 0, n)
+                            : torch::empty({n}, doubles.options());
+    if (tensor.is_cpu()) {
+      std::copy(values.begin(), values.end(), tensor.data_ptr<double>());
+    } else {
+      tensor.copy_(torch::tensor(values, torch::kFloat64));
+    }
     all_reduce(tensor, op, collective);
-    at::Tensor host = tensor.to(torch::kCPU).contiguous();
-    const double* data = host.data_ptr<double>();
-    return std::vector<double>(data, data + host.numel());
+    std::vector<double> out(values.size());
+    if (tensor.is_cpu()) {
+      std::copy_n(tensor.data_ptr<double>(), n, out.begin());
+    } else {
+      const at::Tensor host = tensor.to(torch::kCPU);
+      std::copy_n(host.data_ptr<double>(), n, out.begin());
+    }
+    return out;
   }
 };
 
@@ -175,6 +208,8 @@ std::unique_ptr<Communicator> Communicator::create(const DistEnv& env,
     impl->backend = make_backend(impl->backend_name, impl->store, env, options);
     impl->flag =
         torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(options.device));
+    impl->doubles = torch::zeros(
+        {kMetricSlots}, torch::TensorOptions().dtype(torch::kFloat64).device(options.device));
   }
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
@@ -229,6 +264,7 @@ void Communicator::all_reduce_gradients(const std::vector<at::Tensor>& parameter
   auto finish_oldest = [&] {
     InFlight& done = in_flight.front();
     impl_->wait(done.work, done.collective, done.started);
+    impl_->await_release(done.work);
     if (reduction == GradientReduction::kAverage) done.flat.div_(world);
     const auto& group = buckets[done.bucket].tensors;
     const auto views = torch::utils::unflatten_dense_tensors(done.flat, group);

@@ -27,7 +27,7 @@ struct DistributedOptions {
   // "auto" (NCCL for a CUDA device, Gloo otherwise), "gloo" or "nccl".
   std::string backend = "auto";
   // Gradient bucket size: PyTorch DDP's default bucket_cap_mb = 25.
-  int64_t bucket_bytes = 25 * 1024 * 1024;
+  int64_t bucket_bytes = kGradientBucketBytes;
   // Device of the parameters and gradients; the small metric and flag tensors live here too.
   c10::Device device = c10::Device(c10::kCPU);
 };

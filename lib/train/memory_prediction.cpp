@@ -66,6 +66,7 @@ memory::BatchShape batch_shape(const data::HostBatch& batch) {
 MemoryPredictor::MemoryPredictor(const Config& config, int threads, memory::DeviceTarget target)
     : spec_(memory::memory_spec(config)), target_(std::move(target)) {
   spec_.threads = target_.cuda ? 0 : threads;  // the CPU-only terms (memory/memory_spec.h)
+  spec_.ranks = target_.ranks;
   const std::string& file = config.memory.calibration;
   if (file.empty()) return;
   calibration_file_ = file;

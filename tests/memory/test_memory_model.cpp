@@ -4,11 +4,13 @@
 
 #include <cmath>
 
+#include "core/dist_env.h"
 #include "memory/batch_shape.h"
 #include "memory/replay.h"
 #include "memory/saved_activations.h"
 #include "memory/static_memory.h"
 #include "memory/step_peaks.h"
+#include "memory/step_prediction.h"
 #include "spec/derived.h"
 
 using namespace vlm;
@@ -149,4 +151,36 @@ TEST_CASE("step peaks: a spec for a GPU (threads 0) counts none of the CPU's own
   // The backward's top is a product's (the forward's here is the loss, after its product).
   CHECK(gpu.forward <= cpu.forward);
   CHECK(gpu.backward < cpu.backward);
+}
+
+TEST_CASE("gradient all-reduce: nothing on one rank, flattened buckets of two in flight on more") {
+  const memory::BatchShape pack = bench_pack(spec::preset("tiny"));
+  Config config;
+  config.model.dims = spec::preset("tiny");
+  memory::MemorySpec tiny = memory::memory_spec(config);
+  CHECK(memory::allreduce_peak(tiny, pack, false) == 0);
+  // tiny's gradients fit one bucket: it is flattened whole (a cat of every gradient).
+  tiny.ranks = 2;
+  CHECK(memory::allreduce_peak(tiny, pack, false) == memory::static_memory(tiny).gradient_bytes());
+  CHECK(memory::static_memory(tiny).gradient_bytes() < kGradientBucketBytes);
+
+  // nanovlm-460m: buckets close once they reach 25 MiB, so two in flight hold at least one full
+  // bucket and at most two buckets, each at most 25 MiB plus its last tensor.
+  config.model.dims = spec::preset("nanovlm-460m");
+  memory::MemorySpec big = memory::memory_spec(config);
+  big.ranks = 8;
+  const memory::BatchShape big_pack = bench_pack(big.dims);
+  const int64_t peak = memory::allreduce_peak(big, big_pack, false);
+  const int64_t largest = 4 * memory::static_memory(big).largest_trainable_parameter;
+  CHECK(peak >= kGradientBucketBytes);
+  CHECK(peak <= 2 * (kGradientBucketBytes + largest));
+  CHECK(peak < memory::static_memory(big).gradient_bytes() / 4);
+  // Predicted steps count it after the last backward, with the communicator's 516 bytes.
+  memory::MemorySpec one = big;
+  one.ranks = 1;
+  const auto p8 = memory::predict_step(big, {big_pack}, {true, true});
+  const auto p1 = memory::predict_step(one, {big_pack}, {true, true});
+  REQUIRE(p8.modelled);
+  CHECK(p8.static_bytes == p1.static_bytes + 516);
+  CHECK(p8.allreduce_peak == p8.static_bytes + peak);
 }

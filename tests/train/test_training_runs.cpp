@@ -577,6 +577,32 @@ CATCH_TEST_CASE("every step's predicted peak is the measured one, under bf16 aut
   }
 }
 
+CATCH_TEST_CASE("on 2 Gloo ranks every step's predicted peak is the measured one, the gradient "
+                "all-reduce included",
+                "[gloo]") {
+  TempDir two;
+  // Short rows and both towers checkpointed: after the first step the all-reduce's flattened
+  // bucket (every gradient, one cat) is the step's peak, above the backward's.
+  run_two_ranks(two.path(),
+                "--set train.batch_size=1 --set packing.max_seq_len=64 "
+                "--set data.max_sample_length=64 --set data.max_img_size=64 "
+                "--set packing.max_images_per_knapsack=1 --set model.checkpoint_language=true "
+                "--set model.checkpoint_vision=true",
+                4409);
+  check_predictions(two.path());
+  const auto steps = records(two.path(), "step");
+  CATCH_REQUIRE(steps.size() >= 3);
+  // Static: parameters (+ the communicator's buffers) at step 1; + gradients and the two
+  // moments (3 x the gradients) after it. The peak above static is then exactly the gradients.
+  const int64_t first = steps[0]["memory/predicted_static_bytes"].get<int64_t>();
+  const int64_t later = steps[1]["memory/predicted_static_bytes"].get<int64_t>();
+  const int64_t gradients = (later - first) / 3;
+  CATCH_CHECK((later - first) % 3 == 0);
+  for (size_t i = 1; i < steps.size(); ++i) {
+    CATCH_CHECK(steps[i]["memory/peak_allocated_bytes"].get<int64_t>() - later == gradients);
+  }
+}
+
 CATCH_TEST_CASE("a configuration the memory model does not cover gets no predicted peak") {
   // A checkpointed frozen decoder under autocast is not replayed yet (docs/memory.md).
   TempDir out;

@@ -31,7 +31,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${gpus:-0}" -eq 0 ]; then
   echo "gpu-check: no CUDA GPU here (nvidia-smi lists none): nothing checked (exit 77)"
   exit 77
 fi

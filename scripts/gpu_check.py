@@ -12,6 +12,7 @@ import array
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,9 +47,14 @@ class Runner:
     def __init__(self, vlmtrain, work, data):
         self.vlmtrain, self.work, self.data = vlmtrain, work, data
 
-    def train(self, name, config, overrides, env=None, expect_ok=True):
-        """Runs `vlmtrain train`; returns (exit code, run dir, step records)."""
+    def train(self, name, config, overrides, env=None, expect_ok=True, resume=False):
+        """Runs `vlmtrain train` in a fresh run dir (`resume`: continue the one there);
+        returns (exit code, run dir, step records)."""
         out = os.path.join(self.work, name)
+        if not resume:  # a run dir left by an earlier gpu-check would be resumed
+            shutil.rmtree(out, ignore_errors=True)
+            if os.path.exists(out + ".log"):
+                os.remove(out + ".log")
         args = [self.vlmtrain, "--no-color", "train", "--config", os.path.join(ROOT, config),
                 "--set", f"data.train=[{{path: {self.data}/train.jsonl}}]",
                 "--set", "train.device=cuda", "--set", f"output.dir={out}"]
@@ -104,9 +110,15 @@ def final_weights(run_dir):
 
 
 def max_difference(a, b):
-    if a.keys() != b.keys():
+    if a.keys() != b.keys() or any(len(a[n]) != len(b[n]) for n in a):
         raise CheckFailed("the checkpoints hold different tensors")
-    return max(max((abs(x - y) for x, y in zip(a[n], b[n])), default=0.0) for n in a)
+    worst = 0.0
+    for n in a:
+        for x, y in zip(a[n], b[n]):
+            d = abs(x - y)
+            if not d <= worst:  # also a NaN
+                worst = d if d == d else math.inf
+    return worst
 
 
 def finite_losses(steps):
@@ -130,6 +142,8 @@ def prediction_errors(steps):
 
 
 def summary_of(steps, skip=0):
+    if not steps:
+        raise CheckFailed("the run recorded no step")
     kept = steps[skip:] or steps
     def median(key):
         values = [s[key] for s in kept if s.get(key) is not None]
@@ -188,11 +202,18 @@ def check_injected_ooms(r):
 def check_real_oom(r):
     """A cap under the measured peak (the caching allocator's memory fraction): the trainer
     splits the micro-batch after real CUDA OOMs and reaches the uncapped run's weights."""
-    base = TINY + ["train.precision=fp32", "train.max_steps=6", "train.batch_size=8"]
+    # A budget far above the cap, so the sampler splits nothing ahead and the OOMs happen.
+    base = TINY + ["train.precision=fp32", "train.max_steps=6", "train.batch_size=8",
+                   "memory.device_memory=1TiB"]
     _, free_run, steps = r.train("real-oom-free", "configs/demo.yaml", base)
+    if not steps:
+        raise CheckFailed("the uncapped run recorded no step")
     peak = max(s["memory/peak_allocated_bytes"] for s in steps)
     static = max(s.get("memory/predicted_static_bytes") or 0 for s in steps)
-    cap = int(static + 0.6 * (peak - static))
+    outside = max(s.get("memory/device_overhead_bytes") or 0 for s in steps)
+    # simulate_device_bytes is a device size: the allocator gets it less what the device holds
+    # outside the allocator (the CUDA context).
+    cap = int(outside + static + 0.6 * (peak - static))
     _, capped, capped_steps = r.train(
         "real-oom-capped", "configs/demo.yaml",
         base + [f"memory.simulate_device_bytes={cap}", "train.preflight=false"])
@@ -223,7 +244,8 @@ def check_resume(r):
                    "train.warmup_steps=0"]
     _, straight, _ = r.train("resume-straight", "configs/demo.yaml", base + ["train.max_steps=6"])
     r.train("resume-split", "configs/demo.yaml", base + ["train.max_steps=3"])
-    _, split, steps = r.train("resume-split", "configs/demo.yaml", base + ["train.max_steps=6"])
+    _, split, steps = r.train("resume-split", "configs/demo.yaml", base + ["train.max_steps=6"],
+                              resume=True)
     diff = max_difference(final_weights(straight), final_weights(split))
     if diff > 1e-6:
         raise CheckFailed(f"a resumed run ends {diff:g} away from the straight one")
@@ -279,6 +301,9 @@ def main():
             result = {"passed": True, **run()}
         except CheckFailed as e:
             result = {"passed": False, "reason": str(e)}
+            failed.append(name)
+        except Exception as e:  # a check's own failure must not lose the others' figures
+            result = {"passed": False, "reason": f"{type(e).__name__}: {e}"}
             failed.append(name)
         result["seconds"] = round(time.time() - started, 1)
         report["checks"][name] = result

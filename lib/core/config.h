@@ -339,8 +339,9 @@ void visit_fields(V& v, MemoryConfig& c) {
           "Fraction of the budget kept free for fragmentation and workspace.", RealRange{0, 0.9});
   v.field(c.simulate_device_bytes, "simulate_device_bytes",
           "Run as on a device of this size, to exercise OOM recovery or plan for a smaller GPU: "
-          "CPU, the tracking allocator's cap; CUDA, the caching allocator's memory fraction. "
-          "Also the memory budget under device_memory auto. 0 = off.");
+          "CPU, the tracking allocator's cap; CUDA, the caching allocator's memory fraction "
+          "(this size less what the device holds outside it). Also the memory budget under "
+          "device_memory auto. 0 = off.");
   v.field(c.calibration, "calibration",
           "Memory calibration file (vlmtrain calibrate-memory, docs/memory-device.md): fitted "
           "corrections of the device terms for this device and LibTorch; empty = the defaults.");

@@ -127,9 +127,15 @@ torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k,
     outputs.push_back(attended.transpose(1, 2).reshape({n * padded, heads, dim})
                           .index_select(0, host_index(keep, q.device())));
   }
-  std::vector<int64_t> inverse(token_order.size());
+  // Every token exactly once (cu_seqlens covered [0, B*T)), or the inverse would be wrong.
+  TORCH_CHECK(static_cast<int64_t>(token_order.size()) == q.size(0),
+              "grouped attention: the segments cover ", token_order.size(), " of ", q.size(0),
+              " tokens");
+  std::vector<int64_t> inverse(token_order.size(), -1);
   for (size_t i = 0; i < token_order.size(); ++i) {
-    inverse[static_cast<size_t>(token_order[i])] = static_cast<int64_t>(i);
+    int64_t& slot = inverse[static_cast<size_t>(token_order[i])];
+    TORCH_CHECK(slot < 0, "grouped attention: token ", token_order[i], " is in two segments");
+    slot = static_cast<int64_t>(i);
   }
   const torch::Tensor joined = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 0);
   return joined.index_select(0, host_index(inverse, q.device()));

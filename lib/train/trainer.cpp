@@ -112,15 +112,21 @@ void Trainer::setup() {
   if (device_.is_cuda()) runtime::compat::use_shape_agnostic_attention_kernels();
   if (const int64_t cap = config_.memory.simulate_device_bytes.bytes; cap > 0) {
     if (device_.is_cuda()) {
-      // A smaller GPU on this one: the caching allocator's fraction, so OOMs are real ones.
-      const int64_t total = runtime::memory_stats(device_).device_total_bytes;
-      if (cap > total) {
+      // A smaller GPU on this one: the value is a device size, as the memory budget reads it,
+      // so the caching allocator gets what such a device would leave after what this one holds
+      // outside it (the CUDA context, cuBLAS); its memory fraction makes the OOMs real ones.
+      const runtime::DeviceMemoryStats s = runtime::memory_stats(device_);
+      const int64_t outside = s.device_total_bytes - s.device_free_bytes - s.reserved_bytes;
+      if (cap > s.device_total_bytes || cap <= outside) {
         throw ConfigError("memory.simulate_device_bytes (" + std::to_string(cap) +
-                              " bytes) is more than the device has (" + std::to_string(total) +
-                              " bytes)",
+                              " bytes) must be above what the device holds outside the caching "
+                              "allocator (" + std::to_string(outside) + " bytes: the CUDA "
+                              "context) and at most its memory (" +
+                              std::to_string(s.device_total_bytes) + " bytes)",
                           loaded_.where("memory.simulate_device_bytes"));
       }
-      runtime::set_memory_fraction(device_, static_cast<double>(cap) / static_cast<double>(total));
+      runtime::set_memory_fraction(device_, static_cast<double>(cap - outside) /
+                                                static_cast<double>(s.device_total_bytes));
     } else {
       runtime::install_cpu_tracking_allocator().set_cap_bytes(cap);
     }

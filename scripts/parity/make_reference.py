@@ -88,13 +88,10 @@ def build_model(VLMConfig, VisionLanguageModel, meta, tensors):
     return model
 
 
-def batch_of(tensors, prefix, rows=None):
+def batch_of(tensors, prefix):
     ids, mask, targets = (tensors[f"{prefix}.{k}"] for k in ("input_ids", "attention_mask",
                                                             "targets"))
-    images = tensors.get(f"{prefix}.images")
-    if rows is not None:  # a micro-batch of whole rows; its crops are those of its image tokens
-        return ids[rows], mask[rows], targets[rows], images
-    return ids, mask, targets, images
+    return ids, mask, targets, tensors.get(f"{prefix}.images")
 
 
 def loss_of(model, ids, mask, targets, images, image_token_id, bf16=False):

@@ -11,12 +11,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-nanovlm="" preset=tiny out="" case_args=()
+nanovlm="" preset=tiny out="" custom=0 case_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --nanovlm) nanovlm=$2; shift 2 ;;
     --preset) preset=$2; case_args+=(--preset "$2"); shift 2 ;;
-    --vision-layers|--language-layers) case_args+=("$1" "$2"); shift 2 ;;
+    --vision-layers|--language-layers) custom=1; case_args+=("$1" "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "regenerate: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$nanovlm" ] || { echo "regenerate: --nanovlm PATH is required" >&2; exit 2; }
 if [ -z "$out" ]; then
-  if [ "$preset" != tiny ] || [ ${#case_args[@]} -gt 2 ]; then
+  if [ "$preset" != tiny ] || [ "$custom" = 1 ]; then
     echo "regenerate: give --out for a case other than the tiny preset" >&2
     exit 2
   fi

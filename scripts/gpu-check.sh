@@ -7,7 +7,10 @@
 # reserved peaks against the memory model; useful tokens/s and MFU of the 222M and 460M presets.
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--report FILE] [--work DIR] [--no-build]
-#                        [--no-ctest] [--only CHECKS] [--presets LIST]
+#                        [--no-ctest] [--only CHECKS] [--presets LIST] [--nanovlm PATH]
+#
+# --nanovlm PATH (a nanoVLM checkout): the throughput check also times nanoVLM's own training
+# step on the same tokens and crops (bench/nanovlm_throughput.py) and reports the ratio.
 #
 # LibTorch: CMAKE_PREFIX_PATH as given, else the one of python3's torch. Other dependencies:
 # as for any build (scripts/install-deps.sh, or CMAKE_PREFIX_PATH); VLM_CMAKE_ARGS adds flags.
@@ -17,6 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 build_dir=build-gpu report=gpu-check.json work=gpu-check-runs build=1 ctest=1 only="" presets=""
+nanovlm=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
@@ -26,7 +30,8 @@ while [ $# -gt 0 ]; do
     --no-ctest) ctest=0; shift ;;
     --only) only=$2; shift 2 ;;
     --presets) presets=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --nanovlm) nanovlm=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -79,6 +84,7 @@ header="{\"gpu\": \"$gpu\", \"torch\": \"$torch_version\", \"ctest\": $ctest_jso
 args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --header "$header")
 [ -n "$only" ] && args+=(--only "$only")
 [ -n "$presets" ] && args+=(--presets "$presets")
+[ -n "$nanovlm" ] && args+=(--nanovlm "$nanovlm")
 python3 scripts/gpu_check.py "${args[@]}"
 rc=$?
 if [ "$ctest" = 1 ] && [ "$ctest_rc" != 0 ] && [ "$rc" = 0 ]; then rc=4; fi

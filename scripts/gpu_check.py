@@ -252,13 +252,29 @@ def check_resume(r):
     return {"max_weight_difference": diff, "steps_after_resume": len(steps)}
 
 
-def check_throughput(r, presets, steps):
+def check_throughput(r, presets, steps, nanovlm_path):
     out = {}
     for preset in presets:
         _, _, recs = r.train(f"throughput-{preset}", "configs/nanovlm.yaml",
                              nanovlm(preset) + ["train.batch_size=1", "train.precision=bf16",
                                                 f"train.max_steps={steps}"])
-        out[preset] = summary_of(recs, skip=3)
+        ours = summary_of(recs, skip=3)
+        out[preset] = ours
+        if not nanovlm_path:
+            continue
+        # nanoVLM's own training step on a row of the same tokens and crops (the median step's).
+        report = os.path.join(r.work, f"nanovlm-{preset}.json")
+        subprocess.check_call([sys.executable, os.path.join(ROOT, "bench", "nanovlm_throughput.py"),
+                               "--nanovlm", nanovlm_path, "--preset", preset,
+                               "--tokens", str(int(ours["tokens_per_step"])),
+                               "--crops", str(int(ours["crops_per_step"])),
+                               "--steps", str(steps), "--json", report],
+                              stdout=subprocess.DEVNULL)
+        with open(report) as f:
+            theirs = json.load(f)
+        ours["nanovlm"] = theirs
+        ours["useful_tokens_per_s_vs_nanovlm"] = (ours["useful_tokens_per_s"] /
+                                                  theirs["useful_tokens_per_s"])
     return out
 
 
@@ -271,6 +287,8 @@ def main():
     p.add_argument("--throughput-steps", type=int, default=20)
     p.add_argument("--only", default="", help="comma-separated check names")
     p.add_argument("--header", default="{}", help="JSON merged into the report (the build's)")
+    p.add_argument("--nanovlm", default="", help="a nanoVLM checkout: its training step's "
+                   "tokens/s beside ours in the throughput check")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     data = os.path.join(a.work, "demo-data")
@@ -286,7 +304,7 @@ def main():
         ("real_oom", lambda: check_real_oom(r)),
         ("checkpointing_equal", lambda: check_checkpointing(r)),
         ("resume", lambda: check_resume(r)),
-        ("throughput", lambda: check_throughput(r, big, a.throughput_steps)),
+        ("throughput", lambda: check_throughput(r, big, a.throughput_steps, a.nanovlm)),
     ]
     report = json.loads(a.header)
     report.update({"date": time.strftime("%Y-%m-%d"), "checks": {}})

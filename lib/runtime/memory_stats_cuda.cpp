@@ -7,15 +7,37 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+
+#include <mutex>
 
 #include "runtime/compat.h"
 
 namespace vlm::runtime::detail {
+namespace {
+
+// The caching allocator sets up its devices on the first CUDA allocation; before that every
+// call that names a device (stats, peaks, memory fraction) fails with "Invalid device
+// argument". The trainer asks for statistics before its first allocation (the memory cap of
+// memory.simulate_device_bytes), so each entry point makes one allocation first.
+void ensure_allocator(c10::DeviceIndex index) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (c10::DeviceIndex d = 0; d < c10::cuda::device_count(); ++d) {
+      at::empty({1}, at::TensorOptions().device(at::kCUDA, d));
+    }
+  });
+  TORCH_CHECK(index >= 0 && index < c10::cuda::device_count(), "no CUDA device ",
+              static_cast<int>(index));
+}
+
+}  // namespace
 
 DeviceMemoryStats cuda_memory_stats(int device_index) {
   const auto index = static_cast<c10::DeviceIndex>(device_index);
+  ensure_allocator(index);
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
   const auto& allocated = stats.allocated_bytes[compat::kAggregateStatIndex];
   const auto& reserved = stats.reserved_bytes[compat::kAggregateStatIndex];
@@ -37,15 +59,14 @@ DeviceMemoryStats cuda_memory_stats(int device_index) {
 }
 
 void cuda_reset_peak_memory_stats(int device_index) {
+  ensure_allocator(static_cast<c10::DeviceIndex>(device_index));
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_index));
 }
 
 void cuda_empty_cache() { c10::cuda::CUDACachingAllocator::emptyCache(); }
 
 void cuda_set_memory_fraction(int device_index, double fraction) {
-  // The caching allocator sets up its devices on the first CUDA allocation; before that it
-  // refuses the device ("Invalid device argument").
-  at::empty({1}, at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
+  ensure_allocator(static_cast<c10::DeviceIndex>(device_index));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
                                                      static_cast<c10::DeviceIndex>(device_index));
 }

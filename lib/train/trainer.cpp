@@ -64,6 +64,7 @@ class Trainer {
   void step_metrics(const data::LoadedStep& step, const StepWork& work,
                     const PredictedStep& predicted, StepMetrics& m);
   bool gradients_allocated() const;
+  void cap_cuda_allocator(int64_t outside_bytes);
   void optimizer_update(StepMetrics& m);
   void save_checkpoint();
   void run_evaluation(bool final);
@@ -95,6 +96,8 @@ class Trainer {
   RunState state_;
   nlohmann::json cursor_;               // data cursor after the last completed step
   bool optimizer_state_ready_ = false;  // AdamW's moments exist (after a step or a resume)
+  int64_t capped_outside_bytes_ = 0;    // CUDA, memory.simulate_device_bytes: bytes outside the
+                                        // caching allocator when its cap was last set
 };
 
 // --- setup ----------------------------------------------------------------------------------
@@ -125,8 +128,7 @@ void Trainer::setup() {
                               std::to_string(s.device_total_bytes) + " bytes)",
                           loaded_.where("memory.simulate_device_bytes"));
       }
-      runtime::set_memory_fraction(device_, static_cast<double>(cap - outside) /
-                                                static_cast<double>(s.device_total_bytes));
+      cap_cuda_allocator(outside);
     } else {
       runtime::install_cpu_tracking_allocator().set_cap_bytes(cap);
     }
@@ -314,6 +316,27 @@ void Trainer::optimizer_update(StepMetrics& m) {
   }
 }
 
+// memory.simulate_device_bytes on CUDA: the caching allocator may hold what a device of that
+// size would leave beside what this one holds outside the allocator. That grows after the
+// start (CUDA modules load lazily at their first launch, cuBLAS creates its handles in the
+// first step): on an H200 with LibTorch 2.11 it was 787 MB after the first step, and a cap set
+// from the start's figure alone let gpu-check's capped run through without an OOM. So the cap
+// is set again whenever it has grown.
+void Trainer::cap_cuda_allocator(int64_t outside_bytes) {
+  const int64_t cap = config_.memory.simulate_device_bytes.bytes;
+  const int64_t total = runtime::memory_stats(device_).device_total_bytes;
+  if (cap <= outside_bytes) {
+    throw Error(ExitCode::kOutOfMemory,
+                "memory.simulate_device_bytes (" + std::to_string(cap) +
+                    " bytes): the device now holds " + std::to_string(outside_bytes) +
+                    " bytes outside the caching allocator (the CUDA context, cuBLAS), which "
+                    "leaves the simulated device nothing for tensors");
+  }
+  runtime::set_memory_fraction(
+      device_, static_cast<double>(cap - outside_bytes) / static_cast<double>(total));
+  capped_outside_bytes_ = outside_bytes;
+}
+
 // The rest of the step's metrics line (every rank planned every rank's micro-batches; times
 // and memory are maxed over ranks).
 void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
@@ -339,6 +362,7 @@ void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
   // process on the device).
   const int64_t overhead =
       stats.device_total_bytes - stats.device_free_bytes - stats.reserved_bytes;
+  if (capped_outside_bytes_ > 0 && overhead > capped_outside_bytes_) cap_cuda_allocator(overhead);
   const memory::DeviceBreakdown& d = predicted.device;
   // The prediction counts where every rank has one (an unmodelled rank sends 1 to the flag).
   const auto v = comm_->all_reduce_max(

@@ -255,6 +255,7 @@ struct TrainConfig {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double grad_clip = 1.0;
+  bool fused_optimizer = true;
   std::string precision = "bf16";
   int64_t seed = 0;
   int64_t eval_every = 0;
@@ -297,6 +298,10 @@ void visit_fields(V& v, TrainConfig& c) {
   v.field(c.adam_eps, "adam_eps", "AdamW epsilon.", RealRange{0, 1, true});
   v.field(c.grad_clip, "grad_clip", "Clip the global gradient norm to this; 0 = off.",
           RealRange{0, 1e9});
+  v.field(c.fused_optimizer, "fused_optimizer",
+          "On CUDA with LibTorch >= 2.1, AdamW as one fused kernel per parameter group "
+          "(the same update up to rounding); false, or on CPU: LibTorch's AdamW, kernels per "
+          "parameter.");
   v.field(c.precision, "precision", "Compute precision (master weights stay fp32).",
           Choices{{"bf16", "fp16", "fp32"}});
   v.field(c.seed, "seed", "Seed of initialisation, data order and packing.",

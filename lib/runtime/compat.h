@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <vector>
 
 #if defined(VLM_WITH_CUDA)
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -87,6 +88,34 @@ void zero_grad_in_place(Optimizer& optimizer) {
   optimizer.zero_grad(/*set_to_none=*/false);
 #else
   optimizer.zero_grad();
+#endif
+}
+
+// Fused AdamW: one multi-tensor kernel updates every parameter of a group (at::_fused_adamw_;
+// LibTorch 2.1 on, CUDA), where torch::optim::AdamW launches about a dozen kernels per
+// parameter (its optimizer phase took 30 ms a step for the 222M preset on an H200, the fused
+// one 15.5 ms with clipping; docs/BENCHMARKS.md, "GPU").
+// The same update as torch::optim::AdamW (decoupled weight decay, bias corrections, eps after
+// the square root), in fp32 with another rounding order. `steps` holds each parameter's step
+// count after this update: 0-dimensional float tensors on the parameters' device.
+// A build may leave it out with -DVLM_NO_FUSED_ADAMW (a LibTorch where it does not compile).
+#if VLM_TORCH_AT_LEAST(2, 1) && !defined(VLM_NO_FUSED_ADAMW)
+inline constexpr bool kFusedAdamW = true;
+#else
+inline constexpr bool kFusedAdamW = false;
+#endif
+
+inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                         at::TensorList exp_avg_sqs, at::TensorList steps, double lr,
+                         double beta1, double beta2, double weight_decay, double eps) {
+#if VLM_TORCH_AT_LEAST(2, 1) && !defined(VLM_NO_FUSED_ADAMW)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/at::TensorList(),
+                    steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+                    /*maximize=*/false);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr,
+      (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  TORCH_CHECK(false, "fused AdamW needs LibTorch 2.1 or later");
 #endif
 }
 
@@ -165,16 +194,6 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
 // mask, as above.
 inline constexpr bool kFusedCausalAttention = TORCH_VERSION_MAJOR >= 2;
 
-// Which fused kernels scaled_dot_product_attention may pick. Packed rows give the attention
-// calls new shapes at every step, and cuDNN's attention (2.3 on) builds an execution plan per
-// new shape, which costs more than the attention itself; flash and memory-efficient attention
-// have no per-shape set-up. Called once before training on CUDA.
-inline void use_shape_agnostic_attention_kernels() {
-#if VLM_TORCH_AT_LEAST(2, 3)
-  at::globalContext().setSDPUseCuDNN(false);
-#endif
-}
-
 inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
 #if TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, k, v, c10::nullopt, /*dropout_p=*/0.0,
@@ -183,6 +202,17 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
   const int64_t length = q.size(-2);
   return scaled_dot_product_attention(
       q, k, v, at::ones({length, length}, q.options().dtype(at::kBool)).tril());
+#endif
+}
+
+// Which fused kernels scaled_dot_product_attention may pick. Packed rows give the attention
+// calls new shapes at every step, and cuDNN's attention (2.3 on) builds an execution plan per
+// new shape, which costs more than the attention itself (the tiny preset's bf16 steps took
+// 300-800 ms with it on an H100, 44 ms without it on an H200); flash and memory-efficient
+// attention have no per-shape set-up. Called once before training on CUDA.
+inline void use_shape_agnostic_attention_kernels() {
+#if VLM_TORCH_AT_LEAST(2, 3)
+  at::globalContext().setSDPUseCuDNN(false);
 #endif
 }
 

@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "runtime/compat.h"
@@ -130,7 +132,75 @@ std::map<std::string, double> GroupedAdamW::lr_by_module() const {
 
 void GroupedAdamW::zero_grad() { runtime::compat::zero_grad_in_place(*optimizer_); }
 
-void GroupedAdamW::step() { optimizer_->step(); }
+bool GroupedAdamW::fused() const {
+  return options_.fused && runtime::compat::kFusedAdamW && parameters_.front().is_cuda();
+}
+
+void GroupedAdamW::step() {
+  if (fused()) {
+    fused_step();
+  } else {
+    optimizer_->step();
+  }
+}
+
+namespace {
+
+// torch::optim keys its per-parameter state by the TensorImpl's address: a string of it up to
+// LibTorch 1.13, the pointer itself later.
+template <class StateMap>
+typename StateMap::key_type state_key(const torch::Tensor& param) {
+  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
+    std::ostringstream address;  // what c10::guts::to_string wrote
+    address << param.unsafeGetTensorImpl();
+    return address.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+
+}  // namespace
+
+// torch::optim::AdamW's update through the fused kernel, on torch::optim::AdamW's own state
+// (AdamWParamState: step, exp_avg, exp_avg_sq), so that checkpoints are the same either way and
+// a run may resume with the other path. Parameters without a gradient are skipped, as there.
+void GroupedAdamW::fused_step() {
+  torch::NoGradGuard no_grad;
+  auto& state = optimizer_->state();
+  using StateMap = std::decay_t<decltype(state)>;
+  for (auto& group : optimizer_->param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    std::map<int64_t, torch::Tensor> step_tensors;  // one per step count (all equal, usually)
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      auto& slot = state[state_key<StateMap>(param)];
+      if (!slot) {  // the first step: moments of zeros, as torch::optim::AdamW creates them
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
+      s.step(s.step() + 1);
+      auto& step = step_tensors[s.step()];
+      if (!step.defined()) {
+        step = torch::full({}, static_cast<double>(s.step()), param.options().dtype(torch::kFloat));
+      }
+      steps.push_back(step);
+      params.push_back(param);
+      grads.push_back(param.grad());
+      exp_avgs.push_back(s.exp_avg());
+      exp_avg_sqs.push_back(s.exp_avg_sq());
+    }
+    if (params.empty()) continue;
+    runtime::compat::fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, steps,
+                                  options.lr(), std::get<0>(options.betas()),
+                                  std::get<1>(options.betas()), options.weight_decay(),
+                                  options.eps());
+  }
+}
 
 std::string GroupedAdamW::layout_signature() const {
   std::string signature;
@@ -191,19 +261,18 @@ void GroupedAdamW::load(const std::filesystem::path& file) {
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
-  std::vector<torch::Tensor> norms;
   for (const auto& param : params) {
-    if (!param.defined() || !param.grad().defined()) continue;
-    grads.push_back(param.grad());
-    norms.push_back(at::linalg_vector_norm(param.grad(), 2, c10::nullopt, false, at::kFloat));
+    if (param.defined() && param.grad().defined()) grads.push_back(param.grad());
   }
   if (grads.empty()) return 0.0;
-  // sqrt(sum of squared per-tensor norms) = the norm of all gradients as one vector.
+  // Multi-tensor kernels (a handful of launches on CUDA, where one kernel per gradient made
+  // clipping launch-bound; per tensor on CPU): each gradient's norm (fp32, as the gradients),
+  // then sqrt(sum of squared norms) = the norm of all gradients as one vector.
+  const std::vector<torch::Tensor> norms = at::_foreach_norm(grads, 2);
   const double total_norm =
       at::linalg_vector_norm(at::stack(norms), 2, c10::nullopt, false, at::kFloat).item<double>();
   if (max_norm > 0.0 && std::isfinite(total_norm) && total_norm > max_norm) {
-    const double coef = max_norm / (total_norm + 1e-6);
-    for (auto& grad : grads) grad.mul_(coef);
+    at::_foreach_mul_(grads, max_norm / (total_norm + 1e-6));
   }
   return total_norm;
 }

@@ -48,6 +48,9 @@ struct GroupedAdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   bool decay_embeddings = false;
+  // On CUDA with a LibTorch that has it (runtime::compat::kFusedAdamW): one fused kernel per
+  // group instead of torch::optim::AdamW's kernels per parameter; the same state either way.
+  bool fused = true;
 };
 
 // What the trainer needs to know about one optimizer parameter group.
@@ -85,6 +88,8 @@ class GroupedAdamW {
 
   void zero_grad();
   void step();
+  // Whether step() runs the fused kernel (options.fused, CUDA parameters, a LibTorch with it).
+  bool fused() const;
 
   // Optimizer state (AdamW moments, step counts, group options) for exact resume, serialised
   // through torch::serialize::OutputArchive into memory, plus the group layout, which load()
@@ -97,6 +102,7 @@ class GroupedAdamW {
 
  private:
   std::string layout_signature() const;
+  void fused_step();
 
   GroupedAdamWOptions options_;
   std::vector<ParamGroupInfo> groups_;

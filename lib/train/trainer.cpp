@@ -156,7 +156,9 @@ void Trainer::setup() {
   adam.beta1 = config_.train.adam_beta1;
   adam.beta2 = config_.train.adam_beta2;
   adam.eps = config_.train.adam_eps;
+  adam.fused = config_.train.fused_optimizer;
   optimizer_ = std::make_unique<GroupedAdamW>(named_parameters_of(*model_), adam);
+  if (optimizer_->fused()) spdlog::info("optimizer: fused AdamW (one kernel per parameter group)");
   schedule_ = std::make_unique<LrSchedule>(
       // A warmup longer than the run (a short trial) is cut to the run; the config warned.
       LrScheduleOptions{std::min(config_.train.warmup_steps, config_.train.max_steps),

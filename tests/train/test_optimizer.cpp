@@ -238,3 +238,13 @@ CATCH_TEST_CASE("optimizer state saved to a full disk is a save failure naming t
                                    Catch::Contains(std::strerror(ENOSPC)));
   }
 }
+
+CATCH_TEST_CASE("the fused AdamW runs on CUDA only: CPU keeps LibTorch's, whose bytes the memory "
+                "model replays", "[optimizer]") {
+  for (const bool fused : {true, false}) {
+    GroupedAdamWOptions options = three_lrs();
+    options.fused = fused;
+    GroupedAdamW adamw(tiny_vlm_parameters(), options);
+    CATCH_CHECK_FALSE(adamw.fused());
+  }
+}

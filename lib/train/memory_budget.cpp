@@ -67,6 +67,18 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
     return;
   }
   if (const std::string torch = estimate::unmodelled_torch(budget_->target.torch); !torch.empty()) {
+    if (!auto_batch) {
+      // A cap from predictions up to 3.4 times the measured peak (docs/BENCHMARKS.md, H200)
+      // would refuse packs that fit, and the preflight configs that fit; with a fixed batch
+      // size the limits bound the micro-batches, and the preflight measures.
+      memory_.reset();
+      spdlog::warn("memory budget: no byte cap on the micro-batches: {}, which keeps the "
+                   "attention scores that fused kernels do not (up to 3.4 times the measured "
+                   "peak); train.batch_size and the crop limits bound them, the preflight runs "
+                   "the heaviest one for real, and an OOM splits a micro-batch",
+                   torch);
+      return;
+    }
     spdlog::warn("memory budget: {}; the sampler uses its LibTorch 1.13 predictions, which keep "
                  "the attention scores that fused kernels do not: micro-batches may stay below "
                  "the budget, and an OOM lowers it",

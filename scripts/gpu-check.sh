@@ -3,8 +3,9 @@
 # found, run the test suite, then check the CUDA paths in turn and write a JSON report
 # (docs/gpu.md): a bf16 training step of each preset; injected OOMs in forward, backward and the
 # optimizer recovered with the same weights; a real OOM under a capped allocator recovered;
-# activation checkpointing on and off equal; a resume equal to a straight run; allocated and
-# reserved peaks against the memory model; useful tokens/s and MFU of the 222M and 460M presets.
+# activation checkpointing on and off equal; the fused AdamW equal to LibTorch's; a resume equal
+# to a straight run; allocated and reserved peaks against the memory model; useful tokens/s and
+# MFU of the 222M and 460M presets.
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--report FILE] [--work DIR] [--no-build]
 #                        [--no-ctest] [--only CHECKS] [--presets LIST] [--nanovlm PATH]
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --only) only=$2; shift 2 ;;
     --presets) presets=$2; shift 2 ;;
     --nanovlm) nanovlm=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

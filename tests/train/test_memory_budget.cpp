@@ -111,3 +111,26 @@ CATCH_TEST_CASE("the learned budget survives the trainer state's JSON; older sta
   j["learned_budget_bytes"] = -1;
   CATCH_REQUIRE_THROWS_WITH(trainer_state_from_json(j), Catch::Contains("learned_budget_bytes"));
 }
+
+CATCH_TEST_CASE("memory budget keeper: on LibTorch 2.x a fixed batch size gets no byte cap from "
+                "the 1.13 replay, batch_size auto keeps it") {
+  memory::DeviceTarget torch2 = cpu();
+  torch2.torch = {2, 4};  // attention through fused kernels the replay does not follow
+  const Config fixed = tiny({"memory.simulate_device_bytes=200MiB", "train.batch_size=4"});
+  const MemoryPredictor fixed_predictor(fixed, 1, torch2);
+  const MemoryBudgetKeeper fixed_keeper(fixed, fixed_predictor, 0);
+  CATCH_CHECK(fixed_keeper.planner_cap().bytes == 0);
+  CATCH_CHECK_FALSE(fixed_keeper.planner_cap().predict);
+  CATCH_CHECK_FALSE(fixed_keeper.heaviest(fixed, 4));  // the preflight measures instead
+
+  const Config automatic = tiny({"memory.simulate_device_bytes=200MiB", "train.batch_size=auto",
+                                 "train.global_batch_size=8"});
+  const MemoryPredictor auto_predictor(automatic, 1, torch2);
+  const MemoryBudgetKeeper auto_keeper(automatic, auto_predictor, 0);
+  CATCH_CHECK(auto_keeper.planner_cap().bytes == auto_keeper.usable_bytes());
+  CATCH_CHECK(auto_keeper.heaviest(automatic, 4));
+
+  // LibTorch 1.13, the replayed one: the fixed batch size keeps its cap.
+  const MemoryPredictor replayed(fixed, 1, cpu());
+  CATCH_CHECK(MemoryBudgetKeeper(fixed, replayed, 0).planner_cap().bytes > 0);
+}

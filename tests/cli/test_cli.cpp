@@ -34,6 +34,8 @@ TEST_CASE("the version flag names the version, git hash, LibTorch and CUDA") {
   const auto r = run_vlmtrain("--version");
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("vlmtrain 0.") == 0);
+  // The commit the binary was built from, "-dirty" with edits (third_party/write_build_info.cmake).
+  CHECK(std::regex_search(r.output, std::regex(R"(\(git ([0-9a-f]{12}(-dirty)?|unknown), )")));
   CHECK(r.output.find("LibTorch ") != std::string::npos);
   CHECK(r.output.find("CUDA: ") != std::string::npos);
 }

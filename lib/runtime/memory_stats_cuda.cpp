@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
+#include <vector>
 
 #include "runtime/compat.h"
 
@@ -21,16 +22,20 @@ namespace {
 // The caching allocator sets up its devices on the first CUDA allocation; before that every
 // call that names a device (stats, peaks, memory fraction) fails with "Invalid device
 // argument". The trainer asks for statistics before its first allocation (the memory cap of
-// memory.simulate_device_bytes), so each entry point makes one allocation first.
+// memory.simulate_device_bytes), so each entry point makes one allocation on its device first:
+// on that device only, since an allocation on another would give this process a CUDA context
+// there too (under torchrun, every rank on every GPU).
 void ensure_allocator(c10::DeviceIndex index) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (c10::DeviceIndex d = 0; d < c10::cuda::device_count(); ++d) {
-      at::empty({1}, at::TensorOptions().device(at::kCUDA, d));
-    }
-  });
   TORCH_CHECK(index >= 0 && index < c10::cuda::device_count(), "no CUDA device ",
               static_cast<int>(index));
+  static std::mutex mutex;
+  static std::vector<bool> ready;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto slot = static_cast<size_t>(index);
+  if (ready.size() <= slot) ready.resize(slot + 1, false);
+  if (ready[slot]) return;
+  at::empty({1}, at::TensorOptions().device(at::kCUDA, index));
+  ready[slot] = true;
 }
 
 }  // namespace

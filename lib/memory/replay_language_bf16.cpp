@@ -102,7 +102,8 @@ void segment_forward(Timeline& t, const Lm& x, int64_t L) {
 // the output stays.
 void linear_forward_nograd(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out,
                            bool cast_input) {
-  const int64_t copies = h * in * out + (cast_input ? h * rows * in : 0);
+  // A frozen decoder's linear freed its input's copy already.
+  const int64_t copies = h * in * out + (cast_input && !x.frozen ? h * rows * in : 0);
   linear_forward(t, x, rows, in, out, cast_input);
   t.free(copies);
 }
@@ -236,7 +237,7 @@ void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targ
 // chunks' gradients out of place. Then `hidden.sum() * 0.0`'s gradient and
 // IndexSelectBackward0 into the final norm's buffer.
 void chunked_loss_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t head = e * x.V * x.D, stream = e * x.N * x.D, rows = e * x.Ns * x.D;
+  const int64_t head = x.frozen ? 0 : e * x.V * x.D, stream = e * x.N * x.D, rows = e * x.Ns * x.D;
   for (size_t k = x.loss_chunks.size(); k-- > 0;) {
     const int64_t c = x.loss_chunks[k];
     const bool first_processed = k + 1 == x.loss_chunks.size();
@@ -251,7 +252,7 @@ void chunked_loss_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
       t.transient(head);
       t.free(head);
     }
-    if (k == 0 && !x.tied) accumulate_grad(t, head, first_step);
+    if (k == 0 && !x.tied && !x.frozen) accumulate_grad(t, head, first_step);
     t.alloc(rows);  // SliceBackward0
     t.free(e * c * x.D);
     if (!first_processed) {

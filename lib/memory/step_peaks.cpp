@@ -52,13 +52,6 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   const int64_t segment_total =
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
   if (spec.precision == ComputePrecision::kBf16) {
-    // A frozen decoder is replayed unchunked and not checkpointed.
-    if (!spec.language.trainable &&
-        (spec.levers.checkpoint_language ||
-         (spec.levers.loss_chunk_tokens > 0 &&
-          shape.supervised_tokens > spec.levers.loss_chunk_tokens))) {
-      return "a frozen decoder checkpointed or with the loss in chunks under bf16 autocast";
-    }
     // Replayed so far: a trained decoder on text (replay_language_bf16.cpp).
     if (shape.crops > 0) {
       // Replayed so far: the ViT trained or frozen (either storage), the projector trained or

@@ -234,9 +234,11 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
   CATCH_CHECK(memory::step_peaks(fp32, images.shape, true).modelled);
   CATCH_CHECK(memory::step_peaks(bf16, images.shape, true).modelled);
   levers = ModelLevers{};
-  levers.freeze_language = true;  // a checkpointed frozen decoder under autocast is not
-  levers.checkpoint_language = true;  // replayed yet
-  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kBf16), images.shape);
+  levers.freeze_language = true;  // a checkpointed frozen decoder under autocast
+  levers.checkpoint_language = true;
+  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kBf16),
+                                 images.shape, true)
+                  .modelled);
   levers = ModelLevers{};
   levers.freeze_projector = true;  // nor a projector frozen in bf16 storage
   levers.frozen_dtype = "bf16";
@@ -379,13 +381,11 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps with crops, fir
 }
 
 CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps through a frozen decoder, to the byte") {
-  // The decoder frozen (fp32 storage), not checkpointed, the loss unchunked (the replayed
-  // subset); a trained ViT or projector before it, so that a gradient flows through it.
+  // The decoder frozen (fp32 storage), checkpointed or not, the loss chunked or not; a trained
+  // ViT or projector before it, so that a gradient flows through it.
   sweep(71, 100, /*max_crops=*/8, [](ModelLevers& levers) {
     levers.freeze_language = true;
     levers.frozen_dtype = "fp32";
     if (levers.freeze_vision) levers.freeze_projector = false;
-    levers.checkpoint_language = false;
-    levers.loss_chunk_tokens = 0;
   }, memory::ComputePrecision::kBf16);
 }

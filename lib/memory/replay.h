@@ -64,6 +64,9 @@ struct Lm {
   std::vector<int64_t> loss_chunks;
   bool bf16 = false;     // train.precision bf16: autocast (replay_language_bf16.cpp)
   int64_t threads = 1;   // intra-op threads (oneDNN's per-thread scratchpads)
+  // The decoder frozen in model.frozen_dtype bf16: it computes in bf16 in either precision
+  // (replay_language_bf16.cpp), with no cast of its weights or of its bf16 activations.
+  bool bf16_storage = false;
 };
 Lm lm_of(const MemorySpec& spec, const BatchShape& shape);
 

@@ -26,6 +26,7 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
             {},
             spec.precision == ComputePrecision::kBf16,
             spec.threads};
+  x.bf16_storage = !spec.language.trainable && spec.language.parameter_bytes == 2;
   const int64_t C = spec.levers.loss_chunk_tokens;
   if (C > 0 && b.supervised_tokens > C) {
     for (int64_t start = 0; start < b.supervised_tokens; start += C) {
@@ -461,7 +462,7 @@ void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
 // the byte against the allocator block by block. With very few supervised tokens the top is
 // instead `supervised.sum()` (token_loss.cpp:30), which casts the mask to int64 (8N bytes).
 void language_forward(Timeline& t, const Lm& x) {
-  if (x.bf16) return language_forward_bf16(t, x);
+  if (x.bf16 || x.bf16_storage) return language_forward_bf16(t, x);
   const int64_t hidden = e * x.N * x.D;
   // segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,
   // searchsorted and the `- 1` (int64 each), all freed at once.
@@ -548,7 +549,7 @@ std::vector<int64_t> language_parameters(const Lm& x) {
 
 // Backward of the loss, the head and the final norm, then the blocks, last first.
 void language_backward(Timeline& t, const Lm& x, bool first_step) {
-  if (x.bf16) return language_backward_bf16(t, x, first_step);
+  if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);
   const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
   const int64_t hidden = e * x.N * x.D;
   t.alloc(4);  // the root gradient, held by backward() until it returns

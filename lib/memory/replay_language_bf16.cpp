@@ -8,6 +8,9 @@
 // - in backward each cast is a ToCopyBackward0 node that converts its gradient back (a bf16
 //   weight gradient to fp32 before AccumulateGrad), and bf16 products need contiguous operands
 //   (ATen's is_mkldnn_optimized_format): strided per-head views are copied first.
+// A decoder frozen in bf16 storage (Lm::bf16_storage) runs the same ops in either precision
+// without any cast: a bf16 stream that nobody keeps (each RMSNorm keeps an fp32 copy of its
+// input), bf16 weights used as they are, bf16 + bf16 residual adds.
 #include "memory/replay.h"
 #include "memory/saved_activations.h"
 
@@ -23,7 +26,7 @@ constexpr int64_t h = 2;  // bf16
 // input's copy dies with the product (a bf16 input is the caller's to free).
 void linear_forward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out,
                     bool cast_input) {
-  t.alloc(h * in * out);
+  t.alloc(x.bf16_storage ? 0 : h * in * out);  // a bf16 weight is used as it is
   if (cast_input) t.alloc(h * rows * in);
   t.alloc(h * rows * out);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, in, out, false, true));
@@ -42,9 +45,31 @@ void rotary_bf16(Timeline& t, const Lm& x, int64_t width) {
   t.free(width);                // the projection
 }
 
+// RMSNorm on a bf16 input with a frozen bf16 weight (a decoder frozen in bf16 storage,
+// language_model.cpp:33-37): the fp32 copy of the input (kept with x^2 and rsqrt), the
+// statement as in fp32, x * r converted to bf16 and multiplied by the weight (which keeps only
+// the weight); x * r and its bf16 copy die at return, the bf16 output stays.
+void rms_norm_forward_bf16_storage(Timeline& t, const Lm& x) {
+  const int64_t stream = e * x.N * x.D, row = e * x.N;
+  t.alloc(stream);        // x.to(kFloat)
+  t.alloc(stream + row);  // x^2 (kept), its mean
+  t.alloc(kWrappedScalar + row);
+  t.free(kWrappedScalar);
+  t.alloc(row + stream);  // rsqrt (kept), x * r
+  t.free(2 * row);        // the mean, mean + eps
+  t.alloc(h * x.N * x.D);  // .to(bf16)
+  t.alloc(h * x.N * x.D);  // * weight
+  t.free(h * x.N * x.D + stream);
+}
+
 // `fp32 + bf16` (the residual adds, language_model.cpp:108-109): the bf16 branch converted to
 // fp32, the sum, then the conversion and the branch die. The sum stays.
 void residual_add(Timeline& t, const Lm& x) {
+  if (x.bf16_storage) {  // bf16 + bf16: the sum, then the branch dies
+    t.alloc(h * x.N * x.D);
+    t.free(h * x.N * x.D);
+    return;
+  }
   const int64_t stream = e * x.N * x.D;
   t.alloc(2 * stream);
   t.free(stream + h * x.N * x.D);
@@ -103,7 +128,8 @@ void segment_forward(Timeline& t, const Lm& x, int64_t L) {
 void linear_forward_nograd(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out,
                            bool cast_input) {
   // A frozen decoder's linear freed its input's copy already.
-  const int64_t copies = h * in * out + (cast_input && !x.frozen ? h * rows * in : 0);
+  const int64_t copies =
+      (x.bf16_storage ? 0 : h * in * out) + (cast_input && !x.frozen ? h * rows * in : 0);
   linear_forward(t, x, rows, in, out, cast_input);
   t.free(copies);
 }
@@ -191,11 +217,13 @@ void block_forward_nograd_bf16(Timeline& t, const Lm& x) {
 // With a graph both copies are kept; without one (a checkpointed chunk's forward) they die.
 // On return the fp32 logits, the log-probabilities, the loss and the total weight are live.
 void cross_entropy_forward(Timeline& t, const Lm& x, int64_t rows, bool graph = true) {
-  const int64_t logits = e * rows * x.V, copies = h * x.V * x.D + h * rows * x.D;
+  // A head stored in bf16 multiplies the bf16 rows as they are.
+  const int64_t logits = e * rows * x.V,
+                copies = x.bf16_storage ? 0 : h * x.V * x.D + h * rows * x.D;
   t.alloc(copies + logits / 2);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.D, x.V, false, true));
   if (!graph) t.free(copies);
-  if (graph && x.frozen) t.free(h * rows * x.D);  // a frozen head needs no rows' copy
+  if (graph && x.frozen && copies > 0) t.free(h * rows * x.D);  // a frozen head needs no rows' copy
   t.alloc(logits);
   t.free(logits / 2);
   t.alloc(logits + 4 + 4);
@@ -221,7 +249,8 @@ void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targ
   }
   t.alloc(grad_rows / 2);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.V, x.D, false, false));
-  t.free(logits / 2 + (x.frozen ? 0 : grad_rows / 2) + head / 2);
+  t.free(logits / 2 + (x.frozen ? 0 : grad_rows / 2) + (x.bf16_storage ? 0 : head / 2));
+  if (x.bf16_storage) return;  // the rows were bf16: their gradient stays bf16
   t.alloc(grad_rows);
   t.free(grad_rows / 2);
   if (!x.frozen) {
@@ -273,13 +302,18 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
   const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, kv = h * x.N * x.Dkv,
                 mlp = h * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
-  const auto norm = x.frozen ? rms_norm_forward_frozen : rms_norm_forward;
-  norm(t, x);  // y1 (fp32), a temporary of the statement
-  linear_forward(t, x, x.N, x.D, x.D, true);
+  const auto norm = x.bf16_storage ? rms_norm_forward_bf16_storage
+                    : x.frozen     ? rms_norm_forward_frozen
+                                   : rms_norm_forward;
+  // The norm's output: fp32 (cast by each linear), or bf16 in a decoder stored in bf16.
+  const bool cast = !x.bf16_storage;
+  const int64_t y = x.bf16_storage ? hidden : stream;
+  norm(t, x);  // y1, a temporary of the statement
+  linear_forward(t, x, x.N, x.D, x.D, cast);
   rotary_bf16(t, x, hidden);
-  linear_forward(t, x, x.N, x.D, x.Dkv, true);
+  linear_forward(t, x, x.N, x.D, x.Dkv, cast);
   rotary_bf16(t, x, kv);
-  linear_forward(t, x, x.N, x.D, x.Dkv, true);  // v, kept
+  linear_forward(t, x, x.N, x.D, x.Dkv, cast);  // v, kept
   if (gqa) {
     // repeat_interleave: an Hq-long int64 index (kept) and the [B, Hq, T, hd] keys and values;
     // flat() clones them unless B == 1.
@@ -296,15 +330,16 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
   if (x.frozen) t.free(hidden);  // the context: a frozen out_proj keeps its weight only
   if (gqa) t.free(2 * kv);
   residual_add(t, x);  // h = x + o, kept by norm2
-  t.free(stream);      // y1
+  t.free(y);           // y1
   norm(t, x);          // y2
-  linear_forward(t, x, x.N, x.D, x.F, true);  // gate
-  linear_forward(t, x, x.N, x.D, x.F, true);  // up
+  linear_forward(t, x, x.N, x.D, x.F, cast);  // gate
+  linear_forward(t, x, x.N, x.D, x.F, cast);  // up
   t.alloc(2 * mlp);                           // silu(gate), the product
   linear_forward(t, x, x.N, x.F, x.D, false); // down
   if (x.frozen) t.free(mlp);  // the product
   residual_add(t, x);  // out = h + down
-  t.free(stream);      // y2
+  t.free(y);           // y2
+  if (x.bf16_storage) t.free(hidden);  // h: its norm kept an fp32 copy, not h itself
 }
 
 
@@ -314,14 +349,18 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
 // itself when it was bf16) and the kept weight copy are freed. The weight's ToCopyBackward0 runs after the input's (autocast
 // casts the weight first): the caller runs them.
 // Frozen: the input's gradient only, and no input was kept.
-void linear_backward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out) {
+// `frees_grad`: the node holds the output's gradient's last reference (not so for a gradient
+// the residual's add shares with the stream, in a decoder stored in bf16).
+void linear_backward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t out,
+                     bool frees_grad = true) {
   if (!x.frozen) {
     t.alloc(h * in * out);
     t.transient(bf16_matmul_scratch(x.threads, 0, out, rows, in, true, false));
   }
   t.alloc(h * rows * in);
   t.transient(bf16_matmul_scratch(x.threads, 0, rows, out, in, false, false));
-  t.free(h * rows * out + (x.frozen ? 0 : h * rows * in) + h * in * out);
+  t.free((frees_grad ? h * rows * out : 0) + (x.frozen ? 0 : h * rows * in) +
+         (x.bf16_storage ? 0 : h * in * out));
 }
 
 // A bf16 weight gradient converted to fp32 (ToCopyBackward0), then its AccumulateGrad; none
@@ -336,6 +375,13 @@ void weight_to_fp32(Timeline& t, const Lm& x, int64_t numel, bool keep) {
 // The input's bf16 gradient converted to fp32 (ToCopyBackward0); `summed`: the input's
 // gradient buffer already holds one, and the engine adds them out of place.
 void input_to_fp32(Timeline& t, const Lm& x, bool summed) {
+  if (x.bf16_storage) {  // a bf16 norm output: its bf16 gradients are summed out of place
+    if (summed) {
+      t.alloc(h * x.N * x.D);
+      t.free(2 * h * x.N * x.D);
+    }
+    return;
+  }
   const int64_t stream = e * x.N * x.D;
   t.alloc(stream);
   t.free(h * x.N * x.D);
@@ -407,6 +453,38 @@ void attention_backward_bf16(Timeline& t, const Lm& x) {
   }
 }
 
+// RMSNorm's backward in a decoder stored in bf16 (rms_norm_forward_bf16_storage), from the
+// output's bf16 gradient (live, freed): the weight's product (no weight gradient), the bf16
+// cast's ToCopyBackward0 to fp32, then as in fp32 (rms_norm_backward) on the fp32 copy of the
+// input, whose gradient is converted back to bf16 (live on return). `residual`: the input's
+// gradient buffer holds the residual branch's gradient, and the engine sums the two out of
+// place.
+void rms_norm_backward_bf16_storage(Timeline& t, const Lm& x, bool residual) {
+  const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, row = e * x.N;
+  t.alloc(hidden);  // grad * w
+  t.free(hidden);   // the incoming gradient
+  t.alloc(stream);  // to fp32
+  t.free(hidden);
+  t.alloc(stream);  // MulBackward0 (x * r): grad * r, then grad * x summed to [N, 1]
+  t.transient(stream + row);
+  t.alloc(row);
+  t.free(stream);
+  t.transient(2 * row);  // RsqrtBackward0
+  t.alloc(row);
+  t.free(row + row);
+  t.transient(stream + 12);  // MeanBackward1
+  t.alloc(stream);
+  t.free(stream + row);
+  t.transient(3 * stream);  // PowBackward0, added into the fp32 copy's gradient
+  t.free(stream + stream);  // the gradient of x^2, the fp32 copy
+  t.alloc(hidden);          // ToCopyBackward0 to bf16
+  t.free(stream);
+  if (residual) {
+    t.alloc(hidden);
+    t.free(2 * hidden);
+  }
+}
+
 // One trained decoder block's backward under autocast, from its output's fp32 gradient g
 // (live), in the engine's order.
 void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested = false) {
@@ -415,9 +493,12 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
   const bool keep = first_step || nested;
   const int64_t hidden = h * x.N * x.D, kv = h * x.N * x.Dkv, mlp = h * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
+  // In a decoder stored in bf16 the stream is bf16: the residual's add hands g itself on, and
+  // the norms convert their own gradients.
+  const bool storage = x.bf16_storage;
   // MLP. `h + down` hands g to h and, converted to bf16, to down.
-  t.alloc(hidden);
-  linear_backward(t, x, x.N, x.F, x.D);  // down; it kept the product
+  if (!storage) t.alloc(hidden);
+  linear_backward(t, x, x.N, x.F, x.D, !storage);  // down; it kept the product
   weight_to_fp32(t, x, x.D * x.F, keep);
   t.alloc(2 * mlp);  // MulBackward0 (silu * up)
   t.free(3 * mlp);
@@ -429,12 +510,16 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
   linear_backward(t, x, x.N, x.D, x.F);  // gate
   input_to_fp32(t, x, true);
   weight_to_fp32(t, x, x.D * x.F, keep);
-  rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/false,
-                    /*holds_incoming=*/nested);  // norm2, into h's gradient
+  if (storage) {
+    rms_norm_backward_bf16_storage(t, x, /*residual=*/true);  // norm2, into h's gradient
+  } else {
+    rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/false,
+                      /*holds_incoming=*/nested);  // norm2, into h's gradient
+  }
   // `x + o` hands h's gradient to x and, converted to bf16, to o; out_proj (its input, the
   // context, was bf16: no cast).
-  t.alloc(hidden);
-  linear_backward(t, x, x.N, x.D, x.D);  // it kept the context
+  if (!storage) t.alloc(hidden);
+  linear_backward(t, x, x.N, x.D, x.D, !storage);  // it kept the context
   weight_to_fp32(t, x, x.D * x.D, keep);
   attention_backward_bf16(t, x);
   // v, k, q (created last first).
@@ -465,7 +550,11 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
     input_to_fp32(t, x, true);
     weight_to_fp32(t, x, x.D * (q ? x.D : x.Dkv), keep);
   }
-  rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/nested);  // norm1
+  if (storage) {
+    rms_norm_backward_bf16_storage(t, x, /*residual=*/true);  // norm1
+  } else {
+    rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/nested);  // norm1
+  }
 }
 
 
@@ -492,33 +581,51 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
   t.transient(3 * 8 * x.N + kWrappedScalar);  // segment_ids
   t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
   t.alloc(tables);
-  t.repeat(x.Ll, [&](Timeline& block) {
-    if (x.checkpoint) {
-      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd_bf16(block, x);
-    } else {
+  const int64_t hidden = h * x.N * x.D;
+  if (x.bf16_storage) {
+    // Nothing keeps a block's bf16 input (its norm keeps an fp32 copy): it dies when `x` is
+    // reassigned, but the LM input, which its caller holds.
+    block_forward_bf16(t, x);
+    t.repeat(x.Ll - 1, [&](Timeline& block) {
       block_forward_bf16(block, x);
-    }
-  });
-  (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);  // the final norm
+      block.free(hidden);
+    });
+    rms_norm_forward_bf16_storage(t, x);  // the final norm
+    t.free(hidden);                       // the last block's output, at return
+  } else {
+    t.repeat(x.Ll, [&](Timeline& block) {
+      if (x.checkpoint) {
+        block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+        block_forward_nograd_bf16(block, x);
+      } else {
+        block_forward_bf16(block, x);
+      }
+    });
+    (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);  // the final norm
+  }
   // The products kept bf16 copies: the fp32 tables die with the forward's scope, unless the
   // checkpointed blocks' closures keep them.
   if (!x.checkpoint) t.free(tables);
   // Loss (token_loss.cpp): as in fp32 up to the rows and the count; then the head's bf16 copy
   // (an explicit cast, kept), the rows' (autocast, kept), bf16 logits and the scratchpad, the
   // fp32 logits (the bf16 ones die), log-probabilities (kept), loss and total weight.
+  // A decoder stored in bf16 gives bf16 rows, and its zero loss is a bf16 sum, times 0.0,
+  // converted to fp32.
+  const int64_t row_bytes = x.bf16_storage ? h : e;
   t.alloc(x.N);
-  t.alloc(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns);
-  t.alloc(4 + 4);
+  t.alloc(8 * x.Ns + row_bytes * x.Ns * x.D + 8 * x.Ns);
+  const int64_t zero_temporaries = x.bf16_storage ? 2 + 2 : 4;
+  t.alloc(zero_temporaries + 4);
   t.alloc(8 * x.N);
   t.alloc(8);
-  t.free(8 * x.N + 4);
+  t.free(8 * x.N + zero_temporaries);
   if (x.loss_chunks.empty()) {
     const int64_t logits = e * x.Ns * x.V;
     cross_entropy_forward(t, x, x.Ns);
     t.free(logits);
-    t.free(4);               // the zero loss, replaced
-    t.free(e * x.Ns * x.D);  // the fp32 rows: the product kept their bf16 copy
+    t.free(4);  // the zero loss, replaced
+    // The fp32 rows (the product kept their bf16 copy), or the bf16 rows of a frozen head.
+    t.free(row_bytes * x.Ns * x.D);
   } else {
     // Each chunk checkpointed, its forward without a graph: only its loss comes out, which
     // `loss.sum + chunk_sum` then replaces; every chunk keeps the RNG state and a view of the
@@ -531,12 +638,13 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
       t.free(4 + 4);
     }
   }
-  t.free(x.N);     // supervised
-  t.free(stream);  // hidden
+  t.free(x.N);                                // supervised
+  t.free(x.bf16_storage ? hidden : stream);  // hidden
 }
 
 void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t rows = e * x.Ns * x.D, head = e * x.V * x.D, stream = e * x.N * x.D;
+  const int64_t element = x.bf16_storage ? h : e;  // of the stream and the rows
+  const int64_t rows = element * x.Ns * x.D, head = e * x.V * x.D, stream = element * x.N * x.D;
   t.alloc(4);  // the root gradient
   if (x.loss_chunks.empty()) {
     cross_entropy_backward(t, x, x.Ns, 8 * x.Ns);
@@ -548,7 +656,11 @@ void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
   } else {
     chunked_loss_backward_bf16(t, x, first_step);
   }
-  rms_norm_backward(t, x, first_step, /*residual=*/false);
+  if (x.bf16_storage) {
+    rms_norm_backward_bf16_storage(t, x, /*residual=*/false);
+  } else {
+    rms_norm_backward(t, x, first_step, /*residual=*/false);
+  }
   t.repeat(x.Ll, [&](Timeline& block) {
     if (x.checkpoint) {
       checkpointed_block_backward_bf16(block, x, first_step);

@@ -61,8 +61,11 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
       }
     }
   }
-  if (!spec.language.trainable && spec.language.parameter_bytes != 4) {
-    return "a decoder frozen in bf16 storage";
+  if (!spec.language.trainable && spec.language.parameter_bytes != 4 &&
+      (spec.levers.checkpoint_language ||
+       (spec.levers.loss_chunk_tokens > 0 &&
+        shape.supervised_tokens > spec.levers.loss_chunk_tokens))) {
+    return "a decoder frozen in bf16 storage, checkpointed or with the loss in chunks";
   }
   if (!spec.language.trainable &&
       (shape.crops == 0 || !(spec.vision.trainable || spec.projector.trainable))) {
@@ -113,7 +116,9 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
 
   const replay::Lm x = replay::lm_of(spec, shape);
   const replay::Vit v = replay::vit_of(spec, shape);
-  const int64_t hidden = e * x.N * x.D, images = e * v.crops * v.I * v.D;
+  const int64_t images = e * v.crops * v.I * v.D;
+  // The LM input: fp32, or bf16 for a decoder stored in bf16.
+  const int64_t hidden = (x.bf16_storage ? 2 : e) * x.N * x.D;
   const bool crops = shape.crops > 0;
 
   // Forward (vision_language_model.cpp:75-92): the token embeddings, then the image path; the
@@ -123,16 +128,22 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   // Without a trained module on the image path its embeddings need no gradient: index_copy
   // keeps nothing of them, and they die with input_embeddings.
   const bool image_graph = spec.vision.trainable || spec.projector.trainable;
-  // Under autocast the projector's bf16 output is converted to fp32 first (2 n I D beside
-  // 4 n I D), and only the fp32 copy is kept by index_copy.
-  const int64_t images_bf16 = v.bf16 ? images / 2 : 0;
+  // The image embeddings as the projector makes them (bf16 under autocast) and as the decoder
+  // takes them (bf16 when stored in bf16): where they differ, a converted copy is made, which
+  // index_copy keeps, and the projector's output dies.
+  const int64_t produced = v.bf16 ? images / 2 : images;
+  const int64_t taken = x.bf16_storage ? images / 2 : images;
+  const int64_t converted = taken != produced ? produced : 0;
   if (crops) {
     replay::vision_forward(forward, v);
-    if (v.bf16) forward.alloc(images);
+    if (converted > 0) forward.alloc(taken);
     forward.alloc(hidden);
-    forward.free(hidden + images_bf16 + (image_graph ? 0 : images));
+    forward.free(hidden + converted + (image_graph ? 0 : taken));
   }
   replay::language_forward(forward, x);
+  // A decoder stored in bf16 keeps an fp32 copy of its input, not the input: the LM input dies
+  // when the forward's statement ends.
+  if (x.bf16_storage) forward.free(hidden);
   p.forward = forward.peak;
 
   // Backward: the decoder to its input's gradient; IndexCopyBackward0 splits it into the token
@@ -146,11 +157,13 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   // gradient) only, and no EmbeddingBackward0.
   const int64_t token_gradient = x.frozen ? 0 : hidden;
   if (crops && image_graph) {
-    backward.alloc(token_gradient + images);
-    backward.free(hidden + images);
-    // Autocast: the fp32 copy's ToCopyBackward0 converts the gradient to bf16.
-    backward.alloc(images_bf16);
-    if (v.bf16) backward.free(images);
+    backward.alloc(token_gradient + taken);
+    backward.free(hidden + taken);
+    // A converted copy's ToCopyBackward0 converts the gradient back.
+    if (converted > 0) {
+      backward.alloc(produced);
+      backward.free(taken);
+    }
     replay::vision_backward(backward, v, first_step);
   } else if (crops) {
     backward.alloc(hidden);  // index_fill only

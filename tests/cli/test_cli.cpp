@@ -50,7 +50,7 @@ TEST_CASE("unknown subcommands and options are usage errors with a suggestion") 
   CHECK(r.exit_code == kUsage);
 }
 
-TEST_CASE("config --print prints the resolved config; bad configs exit with the usage code") {
+TEST_CASE("config --print prints the resolved config, bad configs exit with the usage code") {
   TempDir dir;
   const auto good = write_file(dir / "good.yaml", "train:\n  batch_size: 7\n");
   auto r = run_vlmtrain("config --config '" + good + "' --print");
@@ -72,7 +72,7 @@ TEST_CASE("config --print prints the resolved config; bad configs exit with the 
 
   r = run_vlmtrain("config --set train.batch_size=abc");
   CHECK(r.exit_code == kUsage);
-  check_one_line_error(r, "expected an integer, got 'abc'");
+  check_one_line_error(r, "train.batch_size: expected an integer or auto, got 'abc'");
 }
 
 TEST_CASE("numeric flags out of range are usage errors before any work starts") {

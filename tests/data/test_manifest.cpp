@@ -12,7 +12,7 @@ using namespace vlm::data;
 using vlm::test::TempDir;
 using vlm::test::write_file;
 
-TEST_CASE("the_cauldron and LLaVA lines parse; image paths resolve against the manifest") {
+TEST_CASE("the_cauldron and LLaVA lines parse, image paths resolve against the manifest") {
   TempDir dir;
   const auto path = write_file(
       dir / "sub/m.jsonl",

@@ -24,7 +24,7 @@ TEST_CASE("packed row: two samples and padding, value by value") {
   REQUIRE(row.length() == 8);
 }
 
-TEST_CASE("packed row: unsupervised targets are ignored; no padding when row_length is 0") {
+TEST_CASE("packed row: unsupervised targets are ignored, no padding when row_length is 0") {
   const std::vector<int32_t> ids = {7, 8, 9, 10};
   const std::vector<uint8_t> sup = {1, 0, 1, 0};
   const PackedRow row = build_packed_row({SampleTokens{ids.data(), sup.data(), 4}}, 0, -1);
@@ -34,7 +34,7 @@ TEST_CASE("packed row: unsupervised targets are ignored; no padding when row_len
   REQUIRE(row.cu_seqlens == std::vector<int32_t>{0, 4});
 }
 
-TEST_CASE("packed row: too many tokens for the row is an error; empty pack is all padding") {
+TEST_CASE("packed row: too many tokens for the row is an error, empty pack is all padding") {
   const std::vector<int32_t> ids = {1, 2, 3};
   const std::vector<uint8_t> sup = {1, 1, 1};
   REQUIRE_THROWS_AS(build_packed_row({SampleTokens{ids.data(), sup.data(), 3}}, 2, 0),

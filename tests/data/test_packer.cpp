@@ -114,7 +114,7 @@ TEST_CASE("packer: drops exactly the samples that alone break a limit, by reason
   REQUIRE(json.at("exceeds_max_seq_len").get<int64_t>() == 0);
 }
 
-TEST_CASE("packer: the same seed gives the same packs; other seeds reorder them") {
+TEST_CASE("packer: the same seed gives the same packs, other seeds reorder them") {
   const auto stream = test::random_stream(5, 3000);
   PackerOptions options;
   const Run a = run_packer(stream, options);

@@ -298,7 +298,7 @@ TEST_CASE("the loader collates rows, crops and labels consistently") {
   CHECK(loader.peak_host_bytes() > 0);
 }
 
-TEST_CASE("a missing or corrupt image skips its sample with a reason; the run goes on") {
+TEST_CASE("a missing or corrupt image skips its sample with a reason, the run goes on") {
   TempDir dir;
   const std::string png = (dir / "ok.png").string();
   vlm::data::RgbImage image(80, 60);

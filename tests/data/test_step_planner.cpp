@@ -114,7 +114,7 @@ TEST_CASE("step planner: the byte cap from the predictor holds, and the plan is 
   REQUIRE_FALSE(a.deferred.empty());  // the cap binds: some packs must wait
 }
 
-TEST_CASE("step planner: over a whole stream every pack is planned once; ranks balance") {
+TEST_CASE("step planner: over a whole stream every pack is planned once, ranks balance") {
   const auto packs = random_packs(3, 6000);
   StepPlannerOptions o = eight_by_four();
   o.max_crops_per_micro_batch = 160;

@@ -120,7 +120,7 @@ TEST_CASE("a GPU spec has no CPU-only terms: a CUDA estimate is at most the CPU 
         memory::step_peaks(cpu.spec, crops, false).backward);
 }
 
-TEST_CASE("verdicts: the budget is memory less the safety margin; CUDA adds the device terms") {
+TEST_CASE("verdicts: the budget is memory less the safety margin, CUDA adds the device terms") {
   const Config config = demo_config();
   const auto e = estimate::estimate_worst_case(config, false);
   estimate::Target cpu;

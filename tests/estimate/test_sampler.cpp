@@ -89,7 +89,7 @@ TEST_CASE("sampler budget: memory.device_memory and memory.safety_margin decide 
   }
 }
 
-TEST_CASE("sampler predictor: exact where a micro-batch fits, above the cap where it cannot; the "
+TEST_CASE("sampler predictor: exact where a micro-batch fits, above the cap where it cannot, the "
           "lower bound never exceeds the exact peak") {
   for (const auto& sets : std::vector<std::vector<std::string>>{
            {}, {"train.precision=bf16"}, {"model.checkpoint_vision=true", "model.loss_chunk_tokens=64"}}) {

@@ -37,7 +37,7 @@ TEST_CASE("a planned micro-batch's shape is the collator's layout: rows padded t
   CHECK(estimate::batch_shape({pack_of({64})}).segment_lengths == std::vector<int64_t>{64});
 }
 
-TEST_CASE("nanoVLM's defaults: 18 images per row can never be reached; the worst row is spelled "
+TEST_CASE("nanoVLM's defaults: 18 images per row can never be reached, the worst row is spelled "
           "out and the binding limit named") {
   const Config config = load_config(VLM_SOURCE_DIR "/configs/nanovlm.yaml").config;
   const data::WorstCase w = data::worst_case(data::worst_case_inputs(config));

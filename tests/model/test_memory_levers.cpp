@@ -165,7 +165,7 @@ CATCH_TEST_CASE("a checkpointed recompute under autocast leaves no stale weight 
   CATCH_CHECK(torch::equal(forward(true).detach(), forward(false).detach()));
 }
 
-CATCH_TEST_CASE("frozen modules get no gradients; frozen_dtype bf16 halves their bytes") {
+CATCH_TEST_CASE("frozen modules get no gradients, frozen_dtype bf16 halves their bytes") {
   ModelLevers options;
   options.freeze_vision = true;
   options.freeze_projector = true;

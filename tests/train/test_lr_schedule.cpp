@@ -48,7 +48,7 @@ CATCH_TEST_CASE("linear decay and constant schedule", "[lr]") {
   CATCH_CHECK(constant.lr_factor(100) == 1.0);
 }
 
-CATCH_TEST_CASE("no warmup starts at the peak; warmup == max_steps never decays in the run",
+CATCH_TEST_CASE("no warmup starts at the peak, warmup == max_steps never decays in the run",
                 "[lr]") {
   const LrSchedule no_warmup = make(0, 5, 0.2, LrDecay::kLinear);
   CATCH_CHECK(no_warmup.lr_factor(0) == Catch::Detail::Approx(0.84).epsilon(1e-15));  // p = 1/5

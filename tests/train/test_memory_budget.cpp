@@ -94,7 +94,7 @@ CATCH_TEST_CASE("memory budget keeper: model states above the budget stop the ru
                       Catch::Contains("the model states alone"));
 }
 
-CATCH_TEST_CASE("the learned budget survives the trainer state's JSON; older states have none") {
+CATCH_TEST_CASE("the learned budget survives the trainer state's JSON, older states have none") {
   TrainerState s;
   s.run.step = 7;
   s.run.learned_budget_bytes = 123'456'789;

@@ -62,6 +62,20 @@ void rms_norm_forward_bf16_storage(Timeline& t, const Lm& x) {
   t.free(h * x.N * x.D + stream);
 }
 
+// The same without a graph (a checkpointed block's forward): only the bf16 output stays.
+void rms_norm_forward_bf16_storage_nograd(Timeline& t, const Lm& x) {
+  const int64_t stream = e * x.N * x.D, row = e * x.N;
+  t.alloc(stream);        // x.to(kFloat)
+  t.alloc(stream + row);  // x^2, its mean
+  t.alloc(kWrappedScalar + row);
+  t.free(kWrappedScalar);
+  t.alloc(row + stream);      // rsqrt, x * r
+  t.free(stream + 3 * row);   // x^2, the mean, mean + eps, rsqrt
+  t.alloc(h * x.N * x.D);     // .to(bf16)
+  t.alloc(h * x.N * x.D);     // * weight
+  t.free(h * x.N * x.D + 2 * stream);  // the bf16 copy, x * r, the fp32 copy
+}
+
 // `fp32 + bf16` (the residual adds, language_model.cpp:108-109): the bf16 branch converted to
 // fp32, the sum, then the conversion and the branch die. The sum stays.
 void residual_add(Timeline& t, const Lm& x) {
@@ -181,12 +195,16 @@ void block_forward_nograd_bf16(Timeline& t, const Lm& x) {
   const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, kv = h * x.N * x.Dkv,
                 mlp = h * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
-  rms_norm_forward_nograd(t, x);  // y1
-  linear_forward_nograd(t, x, x.N, x.D, x.D, true);
+  const auto norm =
+      x.bf16_storage ? rms_norm_forward_bf16_storage_nograd : rms_norm_forward_nograd;
+  const bool cast = !x.bf16_storage;
+  const int64_t y = x.bf16_storage ? hidden : stream;  // the norm's output
+  norm(t, x);  // y1
+  linear_forward_nograd(t, x, x.N, x.D, x.D, cast);
   rotary_bf16_nograd(t, x, hidden);
-  linear_forward_nograd(t, x, x.N, x.D, x.Dkv, true);
+  linear_forward_nograd(t, x, x.N, x.D, x.Dkv, cast);
   rotary_bf16_nograd(t, x, kv);
-  linear_forward_nograd(t, x, x.N, x.D, x.Dkv, true);  // v
+  linear_forward_nograd(t, x, x.N, x.D, x.Dkv, cast);  // v
   if (gqa) {
     t.alloc(2 * (hidden + 8 * x.Hq));  // repeat_interleave's keys and values (and indices)
     t.free(2 * 8 * x.Hq);
@@ -200,15 +218,15 @@ void block_forward_nograd_bf16(Timeline& t, const Lm& x) {
   linear_forward_nograd(t, x, x.N, x.D, x.D, false);
   t.free(3 * hidden + 2 * kv);  // attended, the context, q, k, v
   residual_add(t, x);           // h = x + o
-  t.free(stream);               // y1
-  rms_norm_forward_nograd(t, x);  // y2
-  linear_forward_nograd(t, x, x.N, x.D, x.F, true);   // gate
-  linear_forward_nograd(t, x, x.N, x.D, x.F, true);   // up
+  t.free(y);                    // y1
+  norm(t, x);                   // y2
+  linear_forward_nograd(t, x, x.N, x.D, x.F, cast);   // gate
+  linear_forward_nograd(t, x, x.N, x.D, x.F, cast);   // up
   t.alloc(2 * mlp);                                   // silu(gate), the product
   linear_forward_nograd(t, x, x.N, x.F, x.D, false);  // down
   t.free(4 * mlp);
-  residual_add(t, x);       // out = h + down
-  t.free(2 * stream);       // y2, h
+  residual_add(t, x);                           // out = h + down
+  t.free(y + (x.bf16_storage ? hidden : stream));  // y2, h
 }
 
 // summed_cross_entropy (token_loss.cpp:10-16) over `rows` rows under autocast: the head's bf16
@@ -266,7 +284,9 @@ void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targ
 // chunks' gradients out of place. Then `hidden.sum() * 0.0`'s gradient and
 // IndexSelectBackward0 into the final norm's buffer.
 void chunked_loss_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t head = x.frozen ? 0 : e * x.V * x.D, stream = e * x.N * x.D, rows = e * x.Ns * x.D;
+  const int64_t element = x.bf16_storage ? h : e;  // of the stream and the rows
+  const int64_t head = x.frozen ? 0 : e * x.V * x.D, stream = element * x.N * x.D,
+                rows = element * x.Ns * x.D;
   for (size_t k = x.loss_chunks.size(); k-- > 0;) {
     const int64_t c = x.loss_chunks[k];
     const bool first_processed = k + 1 == x.loss_chunks.size();
@@ -283,7 +303,7 @@ void chunked_loss_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
     }
     if (k == 0 && !x.tied && !x.frozen) accumulate_grad(t, head, first_step);
     t.alloc(rows);  // SliceBackward0
-    t.free(e * c * x.D);
+    t.free(element * c * x.D);
     if (!first_processed) {
       t.transient(rows);
       t.free(rows);
@@ -458,8 +478,10 @@ void attention_backward_bf16(Timeline& t, const Lm& x) {
 // cast's ToCopyBackward0 to fp32, then as in fp32 (rms_norm_backward) on the fp32 copy of the
 // input, whose gradient is converted back to bf16 (live on return). `residual`: the input's
 // gradient buffer holds the residual branch's gradient, and the engine sums the two out of
-// place.
-void rms_norm_backward_bf16_storage(Timeline& t, const Lm& x, bool residual) {
+// place; `holds_incoming`: a caller still holds that gradient (a checkpointed block's output
+// gradient, held by the outer node), which the sum then does not free.
+void rms_norm_backward_bf16_storage(Timeline& t, const Lm& x, bool residual,
+                                    bool holds_incoming = false) {
   const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, row = e * x.N;
   t.alloc(hidden);  // grad * w
   t.free(hidden);   // the incoming gradient
@@ -481,7 +503,7 @@ void rms_norm_backward_bf16_storage(Timeline& t, const Lm& x, bool residual) {
   t.free(stream);
   if (residual) {
     t.alloc(hidden);
-    t.free(2 * hidden);
+    t.free(holds_incoming ? hidden : 2 * hidden);
   }
 }
 
@@ -511,7 +533,7 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
   input_to_fp32(t, x, true);
   weight_to_fp32(t, x, x.D * x.F, keep);
   if (storage) {
-    rms_norm_backward_bf16_storage(t, x, /*residual=*/true);  // norm2, into h's gradient
+    rms_norm_backward_bf16_storage(t, x, /*residual=*/true, /*holds_incoming=*/nested);  // norm2
   } else {
     rms_norm_backward(t, x, keep, /*residual=*/true, /*checkpoint_input=*/false,
                       /*holds_incoming=*/nested);  // norm2, into h's gradient
@@ -563,8 +585,9 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
 // recomputed output, the output's gradient and the saved input die; on later steps the
 // captured parameter gradients are added into .grad and freed.
 void checkpointed_block_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t stream = e * x.N * x.D;
-  const int64_t parameters = e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
+  const int64_t stream = (x.bf16_storage ? h : e) * x.N * x.D;
+  const int64_t parameters =
+      x.frozen ? 0 : e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
   t.alloc(kCpuRngStateBytes);
   block_forward_bf16(t, x);
   t.free(kCpuRngStateBytes);
@@ -582,7 +605,7 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
   t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
   t.alloc(tables);
   const int64_t hidden = h * x.N * x.D;
-  if (x.bf16_storage) {
+  if (x.bf16_storage && !x.checkpoint) {
     // Nothing keeps a block's bf16 input (its norm keeps an fp32 copy): it dies when `x` is
     // reassigned, but the LM input, which its caller holds.
     block_forward_bf16(t, x);
@@ -601,7 +624,14 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
         block_forward_bf16(block, x);
       }
     });
-    (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);  // the final norm
+    // The final norm; in a decoder stored in bf16 the last block's output, which the norm
+    // keeps an fp32 copy of, dies at return.
+    if (x.bf16_storage) {
+      rms_norm_forward_bf16_storage(t, x);
+      t.free(hidden);
+    } else {
+      (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);
+    }
   }
   // The products kept bf16 copies: the fp32 tables die with the forward's scope, unless the
   // checkpointed blocks' closures keep them.

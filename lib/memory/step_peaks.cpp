@@ -61,12 +61,6 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
       }
     }
   }
-  if (!spec.language.trainable && spec.language.parameter_bytes != 4 &&
-      (spec.levers.checkpoint_language ||
-       (spec.levers.loss_chunk_tokens > 0 &&
-        shape.supervised_tokens > spec.levers.loss_chunk_tokens))) {
-    return "a decoder frozen in bf16 storage, checkpointed or with the loss in chunks";
-  }
   if (!spec.language.trainable &&
       (shape.crops == 0 || !(spec.vision.trainable || spec.projector.trainable))) {
     return "a frozen decoder with no trained module before it (no graph)";
@@ -143,7 +137,7 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   replay::language_forward(forward, x);
   // A decoder stored in bf16 keeps an fp32 copy of its input, not the input: the LM input dies
   // when the forward's statement ends.
-  if (x.bf16_storage) forward.free(hidden);
+  if (x.bf16_storage && !x.checkpoint) forward.free(hidden);
   p.forward = forward.peak;
 
   // Backward: the decoder to its input's gradient; IndexCopyBackward0 splits it into the token

@@ -393,14 +393,12 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps through a froze
 CATCH_TEST_CASE("memory model: step peaks through a decoder frozen in bf16 storage, to the byte") {
   // LLaVA's first stage with model.frozen_dtype bf16: the decoder frozen and stored in bf16
   // (it computes in bf16 in either precision), a trained ViT or projector before it; the ViT
-  // frozen in fp32 or bf16 storage at times. Not checkpointed, the loss unchunked (the
-  // replayed subset).
+  // frozen in bf16 storage at times; either tower checkpointed or not, the ViT and the loss
+  // chunked or not.
   const auto adjust = [](ModelLevers& levers) {
     levers.freeze_language = true;
     levers.frozen_dtype = "bf16";
     levers.freeze_projector = false;
-    levers.checkpoint_language = false;
-    levers.loss_chunk_tokens = 0;
   };
   sweep(73, 100, /*max_crops=*/8, adjust, memory::ComputePrecision::kFp32);
   sweep(79, 100, /*max_crops=*/8, adjust, memory::ComputePrecision::kBf16);

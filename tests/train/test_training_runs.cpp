@@ -576,7 +576,10 @@ CATCH_TEST_CASE("every step's predicted peak is the measured one, under bf16 aut
         "--set train.preflight=false --set model.freeze_language=true --set "
         "model.checkpoint_language=true --set model.loss_chunk_tokens=40",
         "--set model.freeze_vision=true --set model.freeze_language=true --set "
-        "model.frozen_dtype=bf16"}) {
+        "model.frozen_dtype=bf16",
+        "--set train.preflight=false --set model.freeze_vision=true --set "
+        "model.freeze_language=true --set model.frozen_dtype=bf16 --set "
+        "model.checkpoint_language=true --set model.loss_chunk_tokens=40"}) {
     CATCH_INFO("variant: " << variant);
     TempDir out;
     require_ok(run_vlmtrain(run_args(out.path(), "--set train.precision=bf16 " + variant)));

@@ -81,6 +81,7 @@ struct Vit {
   bool vision_trained, projector_trained;
   bool bf16 = false;  // train.precision bf16: autocast (replay_vision_bf16.cpp)
   bool vision_bf16_storage = false;  // the ViT frozen with model.frozen_dtype bf16
+  bool projector_bf16_storage = false;  // the projector frozen with model.frozen_dtype bf16
   std::vector<int64_t> chunks() const;  // crops per chunk, in forward order
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
@@ -142,6 +143,17 @@ void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step);
 // but the softmax; on return its bf16 output (2 n P d) is live, nothing else.
 struct Chunk;
 void frozen_bf16_vit_forward(Timeline& t, const Vit& v, const Chunk& c);
+
+// A projector frozen in bf16 storage, in either precision (replay_vision_bf16.cpp): the
+// features converted to bf16 (`features_fp32`; a ViT stored in bf16 gives them in bf16), the
+// shuffle's bf16 copy, the bf16 output (live on return) and the product's scratchpad; it keeps
+// nothing, so the copies die at once (the features are the caller's to free).
+void project_bf16_storage(Timeline& t, const Vit& v, const Chunk& c, bool features_fp32);
+// Its backward, from the chunk's slice of the image embeddings' bf16 gradient to the features'
+// fp32 gradient (4 n P d, live on return); `last`: the chunk processed last, which frees the
+// whole incoming gradient (`image_gradient` bytes).
+void project_backward_bf16_storage(Timeline& t, const Vit& v, const Chunk& c,
+                                   int64_t image_gradient, bool last);
 
 // --- pieces shared by the image path's replays --------------------------------------------
 // One chunk's sizes in fp32 bytes: the residual stream X, the MLP M, the scores A, one

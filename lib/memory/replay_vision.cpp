@@ -39,7 +39,8 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
              spec.vision.trainable,
              spec.projector.trainable,
              spec.precision == ComputePrecision::kBf16,
-             !spec.vision.trainable && spec.vision.parameter_bytes == 2};
+             !spec.vision.trainable && spec.vision.parameter_bytes == 2,
+             !spec.projector.trainable && spec.projector.parameter_bytes == 2};
 }
 
 namespace {
@@ -159,6 +160,11 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
     // Its bf16 output converted to the projector's fp32, which runs as below; the bf16 output
     // dies with the encode lambda.
     frozen_bf16_vit_forward(t, v, c);
+    if (v.projector_bf16_storage) {  // bf16 to bf16: no conversion
+      project_bf16_storage(t, v, c, /*features_fp32=*/false);
+      t.free(c.X / 2);
+      return;
+    }
     t.alloc(c.X);
     if (v.shuffle_copies) t.alloc(c.X);
     t.alloc(images);
@@ -191,6 +197,11 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   } else {
     t.alloc(c.X + 2 * c.S);  // the statistics die with the call, the last block's output at
     t.free(2 * c.S + c.X);   // the ViT's return
+  }
+  if (v.projector_bf16_storage) {
+    project_bf16_storage(t, v, c, /*features_fp32=*/true);
+    t.free(c.X);  // the features, with the encode lambda
+    return;
   }
   // The projector: the pixel shuffle's contiguous copy (kept by the linear when its weight is
   // trained; with a factor of 1 the reshapes are views and the features themselves are kept),
@@ -274,17 +285,21 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   // Projector (mm without bias): the shuffled features' gradient (a trained ViT) and the
   // weight's (a trained projector); then the image gradient (if this holds its last view) and
   // the kept shuffle copy (or the features; kept only for the weight's gradient).
-  const int64_t weight = v.projector_trained ? e * v.Dp * v.D : 0;
-  t.alloc((v.vision_trained ? c.X : 0) + weight);
-  if (last) t.free(image_gradient);
-  if (v.projector_trained) t.free(c.X);
-  if (v.projector_trained) accumulate(t, weight, sink);
-  if (!v.vision_trained) return;
-  // The shuffle's permute backward leaves a permuted gradient that the features' reshape
-  // copies (a factor of 1: views only).
-  if (v.shuffle_copies) {
-    t.alloc(c.X);
-    t.free(c.X);
+  if (v.projector_bf16_storage) {
+    project_backward_bf16_storage(t, v, c, image_gradient, last);
+  } else {
+    const int64_t weight = v.projector_trained ? e * v.Dp * v.D : 0;
+    t.alloc((v.vision_trained ? c.X : 0) + weight);
+    if (last) t.free(image_gradient);
+    if (v.projector_trained) t.free(c.X);
+    if (v.projector_trained) accumulate(t, weight, sink);
+    if (!v.vision_trained) return;
+    // The shuffle's permute backward leaves a permuted gradient that the features' reshape
+    // copies (a factor of 1: views only).
+    if (v.shuffle_copies) {
+      t.alloc(c.X);
+      t.free(c.X);
+    }
   }
   // The final LayerNorm (frees the features' gradient, the last block's output, the
   // statistics); its dX is the last block's output gradient g.
@@ -329,7 +344,7 @@ void vision_forward(Timeline& t, const Vit& v) {
   for (const int64_t n : chunks) chunk_forward(t, v, chunk_of(v, n));
   if (chunks.size() > 1) {
     // torch::cat(pieces): the concatenation, then the pieces die (cat keeps nothing).
-    const int64_t images = e * v.crops * v.I * v.D;
+    const int64_t images = (v.projector_bf16_storage ? 2 : e) * v.crops * v.I * v.D;
     t.alloc(images);
     t.free(images);
   }
@@ -338,7 +353,7 @@ void vision_forward(Timeline& t, const Vit& v) {
 void vision_backward(Timeline& t, const Vit& v, bool first_step) {
   if (v.bf16) return vision_backward_bf16(t, v, first_step);
   const auto chunks = v.chunks();
-  const int64_t images = e * v.crops * v.I * v.D;
+  const int64_t images = (v.projector_bf16_storage ? 2 : e) * v.crops * v.I * v.D;
   for (size_t k = chunks.size(); k-- > 0;) {
     const size_t processed = chunks.size() - 1 - k;
     chunk_backward(t, v, chunk_of(v, chunks[k]), images, k == 0,

@@ -323,8 +323,13 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   const int64_t rows = c.n * v.P, patches = e * rows * v.patch_values;
   const int64_t kernel = h * v.d * v.patch_values;
   if (v.vision_bf16_storage) {
-    // Its bf16 output converted to the projector's fp32, which then runs as below.
     frozen_bf16_vit_forward(t, v, c);
+    if (v.projector_bf16_storage) {  // bf16 to bf16: no conversion
+      project_bf16_storage(t, v, c, /*features_fp32=*/false);
+      t.free(c.X / 2);
+      return;
+    }
+    // Its bf16 output converted to the projector's fp32, which then runs as below.
     t.alloc(c.X);
     project(t, v, c);
     t.free(c.X / 2);  // the ViT's output, with the encode lambda
@@ -361,6 +366,11 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   // for the features' gradient when the ViT is trained), the input's (kept for the weight's
   // gradient when the projector is), the output and the scratchpad; the features and the
   // shuffle's copy die when the encode lambda returns.
+  if (v.projector_bf16_storage) {
+    project_bf16_storage(t, v, c, /*features_fp32=*/true);
+    t.free(c.X);  // the features, with the encode lambda
+    return;
+  }
   project(t, v, c);
 }
 
@@ -373,30 +383,34 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   // The projector's mm: the weight's gradient (a trained projector), the features' (a trained
   // ViT); then the incoming gradient and the kept copies die; the ToCopyBackward0 of the
   // input, then of the weight.
-  const int64_t weight = h * v.Dp * v.D;
-  if (v.projector_trained) {
-    t.alloc(weight);
-    t.transient(bf16_matmul_scratch(v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
-  }
-  if (v.vision_trained) {
-    t.alloc(c.X / 2);
-    t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
-  }
-  t.free((last ? image_gradient : 0) + (v.projector_trained ? c.X / 2 : 0) +
-         (v.vision_trained ? weight : 0));
-  if (v.vision_trained) {
-    t.alloc(c.X);
-    t.free(c.X / 2);
-  }
-  if (v.projector_trained) {
-    t.alloc(2 * weight);
-    t.free(weight);
-    accumulate(t, 2 * weight, sink);
-  }
-  if (!v.vision_trained) return;
-  if (v.shuffle_copies) {  // the permute's gradient copied by the features' reshape
-    t.alloc(c.X);
-    t.free(c.X);
+  if (v.projector_bf16_storage) {
+    project_backward_bf16_storage(t, v, c, image_gradient, last);
+  } else {
+    const int64_t weight = h * v.Dp * v.D;
+    if (v.projector_trained) {
+      t.alloc(weight);
+      t.transient(bf16_matmul_scratch(v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
+    }
+    if (v.vision_trained) {
+      t.alloc(c.X / 2);
+      t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
+    }
+    t.free((last ? image_gradient : 0) + (v.projector_trained ? c.X / 2 : 0) +
+           (v.vision_trained ? weight : 0));
+    if (v.vision_trained) {
+      t.alloc(c.X);
+      t.free(c.X / 2);
+    }
+    if (v.projector_trained) {
+      t.alloc(2 * weight);
+      t.free(weight);
+      accumulate(t, 2 * weight, sink);
+    }
+    if (!v.vision_trained) return;
+    if (v.shuffle_copies) {  // the permute's gradient copied by the features' reshape
+      t.alloc(c.X);
+      t.free(c.X);
+    }
   }
   layer_norm_backward(t, v, c, sink);  // the final LayerNorm: g, the last block's output's
   t.repeat(v.Lv, [&](Timeline& block) {
@@ -454,6 +468,30 @@ void frozen_bf16_vit_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.alloc(X + c.S);  // the final LayerNorm
   t.free(c.S + X);   // its statistics, the last block's output
   t.free(patches);   // the converted chunk, when the ViT returns
+}
+
+void project_bf16_storage(Timeline& t, const Vit& v, const Chunk& c, bool features_fp32) {
+  const int64_t copies = (features_fp32 ? c.X / 2 : 0) + (v.shuffle_copies ? c.X / 2 : 0);
+  t.alloc(copies);                       // .to(bf16), the shuffle's reshape
+  t.alloc(h * c.n * v.I * v.D);          // the output
+  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
+  t.free(copies);
+}
+
+void project_backward_bf16_storage(Timeline& t, const Vit& v, const Chunk& c,
+                                   int64_t image_gradient, bool last) {
+  // The product's backward: the input's gradient alone (a frozen weight), then the incoming
+  // gradient dies with the last chunk; the shuffle's reshape copies the permuted gradient; the
+  // features' ToCopyBackward0 converts it to fp32.
+  t.alloc(c.X / 2);
+  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
+  if (last) t.free(image_gradient);
+  if (v.shuffle_copies) {
+    t.alloc(c.X / 2);
+    t.free(c.X / 2);
+  }
+  t.alloc(c.X);
+  t.free(c.X / 2);
 }
 
 void vision_forward_bf16(Timeline& t, const Vit& v) {

@@ -51,22 +51,9 @@ std::vector<int64_t> stepped_parameters(const MemorySpec& spec, const BatchShape
 std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   const int64_t segment_total =
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
-  if (spec.precision == ComputePrecision::kBf16) {
-    // Replayed so far: a trained decoder on text (replay_language_bf16.cpp).
-    if (shape.crops > 0) {
-      // Replayed so far: the ViT trained or frozen (either storage), the projector trained or
-      // frozen in fp32 storage.
-      if (!spec.projector.trainable && spec.projector.parameter_bytes != 4) {
-        return "a projector frozen in bf16 storage under bf16 autocast";
-      }
-    }
-  }
   if (!spec.language.trainable &&
       (shape.crops == 0 || !(spec.vision.trainable || spec.projector.trainable))) {
     return "a frozen decoder with no trained module before it (no graph)";
-  }
-  if (shape.crops > 0 && !spec.projector.trainable && spec.projector.parameter_bytes != 4) {
-    return "crops with the projector frozen in bf16";
   }
   if (shape.supervised_tokens <= 0) return "no supervised token";
   if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {
@@ -125,7 +112,7 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   // The image embeddings as the projector makes them (bf16 under autocast) and as the decoder
   // takes them (bf16 when stored in bf16): where they differ, a converted copy is made, which
   // index_copy keeps, and the projector's output dies.
-  const int64_t produced = v.bf16 ? images / 2 : images;
+  const int64_t produced = v.bf16 || v.projector_bf16_storage ? images / 2 : images;
   const int64_t taken = x.bf16_storage ? images / 2 : images;
   const int64_t converted = taken != produced ? produced : 0;
   if (crops) {

@@ -190,11 +190,8 @@ CATCH_TEST_CASE("memory model: step peaks of fp32 text steps, first and steady, 
 }
 
 CATCH_TEST_CASE("memory model: step peaks of fp32 steps with crops, first and steady, to the byte") {
-  // Any module trained or frozen, never all three; a frozen ViT in fp32 or bf16 storage (a
-  // projector or decoder frozen in bf16 storage is not modelled yet).
-  sweep(47, 100, /*max_crops=*/8, [](ModelLevers& levers) {
-    if (levers.freeze_projector || levers.freeze_language) levers.frozen_dtype = "fp32";
-  });
+  // Any module trained or frozen (in fp32 or bf16 storage), never all three.
+  sweep(47, 100, /*max_crops=*/8, [](ModelLevers&) {});
 }
 
 CATCH_TEST_CASE("memory model: step peaks say which configurations they do not model") {
@@ -240,9 +237,12 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
                                  images.shape, true)
                   .modelled);
   levers = ModelLevers{};
-  levers.freeze_projector = true;  // nor a projector frozen in bf16 storage
+  levers.freeze_projector = true;  // a projector frozen in bf16 storage
   levers.frozen_dtype = "bf16";
-  unmodelled(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), images.shape);
+  for (const auto precision : {memory::ComputePrecision::kFp32, memory::ComputePrecision::kBf16}) {
+    CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, precision), images.shape, true)
+                    .modelled);
+  }
   levers = ModelLevers{};
   levers.freeze_vision = true;
   levers.frozen_dtype = "bf16";
@@ -276,7 +276,6 @@ namespace {
 template <typename Adjust>
 void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust) {
   const bool bf16 = precision == memory::ComputePrecision::kBf16;
-  const int64_t element = bf16 ? 2 : 4;  // of the image embeddings
   std::mt19937_64 rng(seed);
   auto& tracker = runtime::install_cpu_tracking_allocator();
   Errors forward, backward_first, backward_steady;
@@ -294,6 +293,8 @@ void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust
     const int64_t S = dims.vision.image_size;
     const torch::Tensor crops = torch::randn({shape.crops, 3, S, S});
     const memory::replay::Vit v = memory::replay::vit_of(spec, shape);
+    // Of the image embeddings: bf16 under autocast or from a projector stored in bf16.
+    const int64_t element = bf16 || v.projector_bf16_storage ? 2 : 4;
     CATCH_INFO("vit S=" << S << " p=" << dims.vision.patch_size << " d="
                         << dims.vision.hidden_size << " h=" << dims.vision.num_heads
                         << " m=" << dims.vision.mlp_size << " L=" << dims.vision.num_layers
@@ -346,18 +347,16 @@ void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust
 
 CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward, to the byte") {
   image_path(53, memory::ComputePrecision::kFp32, [](ModelLevers& levers) {
-    // One of the two may be frozen (with both frozen nothing has a gradient): the ViT in fp32
-    // or bf16 storage, the projector in fp32.
+    // One of the two may be frozen (with both frozen nothing has a gradient), in fp32 or bf16
+    // storage.
     if (levers.freeze_vision) levers.freeze_projector = false;
-    if (levers.freeze_projector) levers.frozen_dtype = "fp32";
   });
 }
 
 CATCH_TEST_CASE("memory model: the image path's own peaks under bf16 autocast, to the byte") {
   image_path(67, memory::ComputePrecision::kBf16, [](ModelLevers& levers) {
-    // One of the two may be frozen: the ViT in fp32 or bf16 storage, the projector in fp32.
+    // One of the two may be frozen, in fp32 or bf16 storage.
     if (levers.freeze_vision) levers.freeze_projector = false;
-    if (levers.freeze_projector) levers.frozen_dtype = "fp32";
   });
 }
 
@@ -371,12 +370,10 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast text steps, first and
 }
 
 CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps with crops, first and steady, to the byte") {
-  // A trained decoder (the replayed bf16 subset), the ViT (fp32 or bf16 storage) or the
-  // projector (fp32) frozen at times; either tower checkpointed or not, the ViT and the loss
-  // chunked or not.
+  // A trained decoder, the ViT or the projector frozen at times (fp32 or bf16 storage); either
+  // tower checkpointed or not, the ViT and the loss chunked or not.
   sweep(61, 100, /*max_crops=*/8, [](ModelLevers& levers) {
     levers.freeze_language = false;
-    if (levers.freeze_projector) levers.frozen_dtype = "fp32";
   }, memory::ComputePrecision::kBf16);
 }
 

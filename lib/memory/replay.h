@@ -52,6 +52,16 @@ inline void accumulate_grad(Timeline& t, int64_t bytes, bool steal) {
   if (!steal) t.free(bytes);
 }
 
+// The start of the trainer's backward (train/step_runner.cpp): `objective = loss_sum * inv_n`
+// runs backward, its root gradient (4 B) held by backward() until it returns; MulBackward1
+// makes the loss's gradient (4 B, the scalar wrapped for the product), which the loss's first
+// node frees when it returns (the replays below).
+inline void objective_backward(Timeline& t) {
+  t.alloc(4);
+  t.transient(kWrappedScalar + 4);
+  t.alloc(4);
+}
+
 // The language side, in the symbols of memory/saved_activations.h.
 struct Lm {
   int64_t B, N, D, Dkv, F, Hq, Hkv, hd, Ll, V, Ns;

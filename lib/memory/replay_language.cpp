@@ -443,6 +443,7 @@ void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
   // SumBackward0 expands (a stride-0 view) into the final norm's buffer.
   t.transient(24);
   t.alloc(4);
+  t.free(4);                // the loss's gradient: its last user has run
   t.alloc(hidden);          // IndexSelectBackward0: zeros [N, D] + index_add
   t.free(rows + 8 * x.Ns);  // the rows' gradient, the positions
   t.alloc(hidden);          // the final norm's buffer: stride-0 + dense, out of place
@@ -552,12 +553,13 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
   if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);
   const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
   const int64_t hidden = e * x.N * x.D;
-  t.alloc(4);  // the root gradient, held by backward() until it returns
+  objective_backward(t);
   if (x.loss_chunks.empty()) {
     // NllLossBackward0: zeros_like(log-probabilities) scattered; then the targets (int64) and
-    // the total weight are released.
+    // the total weight are released, and its input, the loss's gradient.
     t.alloc(logits);
     t.free(8 * x.Ns + 4);
+    t.free(4);
     // LogSoftmaxBackward0: its gradient beside NLL's and the kept log-probabilities; then both
     // of those are freed.
     t.alloc(logits);

@@ -253,10 +253,14 @@ void cross_entropy_forward(Timeline& t, const Lm& x, int64_t rows, bool graph = 
 // are released: `targets` bytes), the fp32 logits' ToCopyBackward0 to bf16, the product's
 // backward (the head's gradient first, as the transposed operand), then the rows' copy's and
 // the head copy's ToCopyBackward0 to fp32.
-void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targets) {
+// `frees_incoming`: NLL's incoming gradient (4 B) dies when it returns (the loss's gradient,
+// unchunked; a chunk's is the recompute's own).
+void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targets,
+                            bool frees_incoming = false) {
   const int64_t logits = e * rows * x.V, head = e * x.V * x.D, grad_rows = e * rows * x.D;
   t.alloc(logits);
   t.free(targets + 4);
+  if (frees_incoming) t.free(4);
   t.alloc(logits);
   t.free(2 * logits);
   t.alloc(logits / 2);
@@ -311,6 +315,7 @@ void chunked_loss_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
   }
   t.transient(24);
   t.alloc(4);
+  t.free(4);  // the loss's gradient: its last user has run
   t.alloc(stream);
   t.free(rows + 8 * x.Ns);
   t.alloc(stream);
@@ -675,9 +680,9 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
 void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
   const int64_t element = x.bf16_storage ? h : e;  // of the stream and the rows
   const int64_t rows = element * x.Ns * x.D, head = e * x.V * x.D, stream = element * x.N * x.D;
-  t.alloc(4);  // the root gradient
+  objective_backward(t);
   if (x.loss_chunks.empty()) {
-    cross_entropy_backward(t, x, x.Ns, 8 * x.Ns);
+    cross_entropy_backward(t, x, x.Ns, 8 * x.Ns, /*frees_incoming=*/true);
     // An untied head's gradient reaches its AccumulateGrad; a tied one waits for the
     // embedding's.
     if (!x.tied && !x.frozen) accumulate_grad(t, head, first_step);

@@ -18,33 +18,35 @@ using replay::Timeline;
 // (zeros_like, kept); `denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)` holds sqrt and the
 // quotient together (8 B per element) beside small scalars: 12 B at the top (measured; the
 // wrapped divisor is 8 of them). Parameters without a gradient are skipped.
-int64_t adamw_peak(const std::vector<int64_t>& numel, bool moments_exist) {
+// `created[i]`: parameter i's moments do not exist yet; they come one by one, each
+// parameter's before its update.
+int64_t adamw_peak(const std::vector<int64_t>& numel, const std::vector<bool>& created) {
   constexpr int64_t kScalars = 12;
-  int64_t peak = 0;
-  if (moments_exist) {
-    for (const int64_t n : numel) peak = std::max(peak, 8 * n + kScalars);
-    return peak;
-  }
-  // The moments come one by one, each parameter's before its update.
-  int64_t moments = 0;
-  for (const int64_t n : numel) {
-    moments += 8 * n;
-    peak = std::max(peak, moments + 8 * n + kScalars);
+  int64_t peak = 0, moments = 0;
+  for (size_t i = 0; i < numel.size(); ++i) {
+    if (created[i]) moments += 8 * numel[i];
+    peak = std::max(peak, moments + 8 * numel[i] + kScalars);
   }
   return peak;
 }
 
-// The parameters AdamW steps, in its order, in elements: the image path's once they have
-// gradients.
-std::vector<int64_t> stepped_parameters(const MemorySpec& spec, const BatchShape& shape,
-                                        bool first_step) {
-  const bool image_gradients = shape.crops > 0 || !first_step;
-  std::vector<int64_t> numel = replay::vision_parameters(
-      replay::vit_of(spec, shape), image_gradients && spec.vision.trainable,
-      image_gradients && spec.projector.trainable);
+// The parameters AdamW steps, in its order, in elements (the image path's when they have
+// gradients, then the decoder's), and whether each one's moments are created in this step.
+struct Stepped {
+  std::vector<int64_t> numel;
+  std::vector<bool> created;
+};
+Stepped stepped_parameters(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
+                           bool language_moments, bool image_moments) {
+  Stepped s;
+  s.numel = replay::vision_parameters(replay::vit_of(spec, shape),
+                                      image_gradients && spec.vision.trainable,
+                                      image_gradients && spec.projector.trainable);
+  s.created.assign(s.numel.size(), !image_moments);
   const auto language = replay::language_parameters(replay::lm_of(spec, shape));
-  numel.insert(numel.end(), language.begin(), language.end());
-  return numel;
+  s.numel.insert(s.numel.end(), language.begin(), language.end());
+  s.created.resize(s.numel.size(), !language_moments);
+  return s;
 }
 
 // The first unmodelled feature of this step, or "".
@@ -64,11 +66,11 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
 
 }  // namespace
 
-int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step) {
+int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients) {
   if (spec.ranks < 2) return 0;
   std::vector<int64_t> flattened;  // per bucket: the bytes its flattening allocates
   int64_t bytes = 0, tensors = 0;
-  for (const int64_t n : stepped_parameters(spec, shape, first_step)) {
+  for (const int64_t n : stepped_parameters(spec, shape, image_gradients, true, true).numel) {
     bytes += 4 * n;  // fp32 gradients, one dtype: one group
     ++tensors;
     if (bytes >= kGradientBucketBytes) {
@@ -84,12 +86,18 @@ int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool fir
   return peak;
 }
 
-int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step,
-                            bool moments_exist) {
-  return adamw_peak(stepped_parameters(spec, shape, first_step), moments_exist);
+int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
+                            bool language_moments, bool image_moments) {
+  const Stepped s =
+      stepped_parameters(spec, shape, image_gradients, language_moments, image_moments);
+  return adamw_peak(s.numel, s.created);
 }
 
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step) {
+  return step_peaks(spec, shape, FirstBackward::both(first_step));
+}
+
+PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBackward first) {
   PhasePeaks p;
   p.why_not = unmodelled(spec, shape);
   if (!p.why_not.empty()) return p;
@@ -131,9 +139,11 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
   // embeddings' gradient (index_fill: a copy) and the image embeddings' (index_select), then
   // frees it and the kept image embeddings; the image path runs before EmbeddingBackward0, the
   // oldest node, so the token gradient waits through it.
+  // The trainer drops the forward's count (8 B) and holds `objective = loss_sum * inv_n`
+  // (4 B) beside the loss while it runs backward.
   Timeline backward;
-  backward.alloc(forward.live);
-  replay::language_backward(backward, x, first_step);
+  backward.alloc(forward.live - 8 + 4);
+  replay::language_backward(backward, x, first.language);
   // A frozen decoder's token embeddings need no gradient: index_select (the image embeddings'
   // gradient) only, and no EmbeddingBackward0.
   const int64_t token_gradient = x.frozen ? 0 : hidden;
@@ -145,21 +155,25 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
       backward.alloc(produced);
       backward.free(taken);
     }
-    replay::vision_backward(backward, v, first_step);
+    replay::vision_backward(backward, v, first.image);
   } else if (crops) {
     backward.alloc(hidden);  // index_fill only
     backward.free(hidden);
   }
-  if (!x.frozen) replay::embedding_backward(backward, x, first_step);
+  if (!x.frozen) replay::embedding_backward(backward, x, first.language);
   p.backward = backward.peak;
 
-  // AdamW: the image path's parameters have a gradient once a step with crops has run (the
-  // first step: this one has crops; later steps: every trained parameter has one). On the
-  // first step the gradients the backward allocated are still live.
-  const auto numel = stepped_parameters(spec, shape, first_step);
-  const int64_t gradients =
-      first_step ? 4 * std::accumulate(numel.begin(), numel.end(), int64_t{0}) : 0;
-  p.optimizer = gradients + adamw_peak(numel, !first_step);
+  // AdamW, over the parameters with a gradient: the image path's once a step with crops has
+  // run. The gradients this backward allocated (first backwards) are live beside it, and the
+  // moments of the towers backpropagated for the first time are created.
+  const bool image_gradients = crops || !first.image;
+  const Stepped stepped =
+      stepped_parameters(spec, shape, image_gradients, !first.language, !first.image);
+  int64_t gradients = 0;
+  for (size_t i = 0; i < stepped.numel.size(); ++i) {
+    if (stepped.created[i]) gradients += 4 * stepped.numel[i];
+  }
+  p.optimizer = gradients + adamw_peak(stepped.numel, stepped.created);
   return p;
 }
 

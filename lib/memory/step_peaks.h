@@ -21,9 +21,9 @@
 //   - at least one supervised token, and the segment lengths in cu_seqlens order
 //     (BatchShape::segment_lengths, filled by BatchShape::from_segments);
 //   - MemorySpec::threads, the intra-op threads (LayerNorm's backward buffer).
-// The backward is replayed with the forward's outputs still held (the trainer's
-// `objective.backward()`); the optimizer phase is GroupedAdamW::step alone, without the
-// trainer's clip_grad_norm.
+// The backward is the trainer's (train/step_runner.cpp): the forward's count dropped, the loss
+// held, `objective = loss_sum * inv_n` run backward; the optimizer phase is GroupedAdamW::step
+// alone, without the trainer's clip_grad_norm.
 #pragma once
 
 #include <cstdint>
@@ -34,13 +34,23 @@
 
 namespace vlm::memory {
 
+// The towers this step's backward reaches for the first time in the process: it allocates
+// their gradients (AccumulateGrad steals each first gradient), and AdamW then creates their
+// moments. Both at the process's first step; the image path (ViT and projector) alone at the
+// first step with crops when every micro-batch before was text-only.
+struct FirstBackward {
+  bool language = false;
+  bool image = false;
+  static FirstBackward both(bool first) { return {first, first}; }
+};
+
 struct PhasePeaks {
   bool modelled = false;
   std::string why_not;  // the first unmodelled feature, when !modelled
 
   // Highest live bytes, above the live bytes before the forward, during:
   int64_t forward = 0;    // model->forward(batch) (the loss included)
-  int64_t backward = 0;   // loss_sum.backward(), the forward's outputs still held
+  int64_t backward = 0;   // (loss_sum * inv_n).backward(), the loss still held
   int64_t optimizer = 0;  // GroupedAdamW::step() after that backward (outputs released)
 };
 
@@ -52,17 +62,23 @@ struct PhasePeaks {
 // step with crops has run), so AdamW steps the image path's parameters even on a text-only
 // batch.
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step);
+// The same with the towers' first backwards apart (a text-only batch leaves the image path's
+// for later: `first.image` then changes nothing but which parameters AdamW steps).
+PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBackward first);
 
 // Communicator::all_reduce_gradients's peak above the live bytes before it (ranks > 1; 0 for one
 // rank): the gradients in AdamW's order, cut by take_tensors into buckets that close once they
 // reach kGradientBucketBytes; a bucket of several tensors is flattened by cat (its bytes, until
 // its reduction is done), one of a single tensor is a view; at most two are in flight.
-int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step);
+// `image_gradients`: the image path's trained parameters have gradients (a backward with
+// crops has run).
+int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients);
 
 // GroupedAdamW::step's peak above the live bytes before it (the gradients live): the moments
-// created one by one unless `moments_exist`, and each update's temporaries. `shape` and
-// `first_step` say which parameters have gradients, as for step_peaks.
-int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool first_step,
-                            bool moments_exist);
+// created one by one where they do not exist yet, and each update's temporaries. AdamW steps
+// the decoder's trained parameters and, with `image_gradients`, the image path's; their
+// moments exist with `language_moments` and `image_moments`.
+int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
+                            bool language_moments, bool image_moments);
 
 }  // namespace vlm::memory

@@ -12,8 +12,14 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
                             StepState before) {
   StepPrediction p;
   const StaticMemory statics = static_memory(spec);
-  int64_t live = statics.parameter_bytes() + (before.gradients ? statics.gradient_bytes() : 0) +
-                 (before.moments ? statics.moment_bytes() : 0);
+  // The two towers' gradients and moments: the image path's may come later than the decoder's.
+  const int64_t image_gradient_bytes =
+      statics.vision.gradient_bytes + statics.projector.gradient_bytes;
+  const int64_t image_moment_bytes = statics.vision.moment_bytes + statics.projector.moment_bytes;
+  const bool pending = before.image_path_pending && before.gradients;
+  int64_t live = statics.parameter_bytes();
+  if (before.gradients) live += statics.gradient_bytes() - (pending ? image_gradient_bytes : 0);
+  if (before.moments) live += statics.moment_bytes() - (pending ? image_moment_bytes : 0);
   // The communicator's buffers (runtime/distributed.cpp): the OOM-agreement flag (int32) and
   // 64 doubles for the metrics' all-reduces.
   if (spec.ranks > 1) live += 4 + 64 * 8;
@@ -23,24 +29,17 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
     p.why_not = "no micro-batch";
     return p;
   }
-  if (before.moments && !before.gradients) {
-    p.why_not = "optimizer moments without gradients";
-    return p;
-  }
-  bool gradients = before.gradients;
+  // The first backward that reaches a tower creates its gradients: a text-only micro-batch
+  // leaves the image path's to a later one with crops.
+  bool language_gradients = before.gradients;
+  bool image_gradients = before.gradients && !pending;
   // Where the peak is, named once at the end (the sampler predicts millions of micro-batches).
   size_t peak_micro = 0;
   const char* peak_where = nullptr;
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     const BatchShape& shape = micro_batches[k];
-    // The first backward of the process creates the gradients of the modules it reaches: a
-    // text-only first micro-batch leaves the image path's to a later one, which step_peaks
-    // does not replay.
-    if (!gradients && shape.crops == 0 && (spec.vision.trainable || spec.projector.trainable)) {
-      p.why_not = "a text-only first backward (the image path's gradients come later)";
-      return p;
-    }
-    const PhasePeaks phases = step_peaks(spec, shape, /*first_step=*/!gradients);
+    const PhasePeaks phases =
+        step_peaks(spec, shape, FirstBackward{!language_gradients, !image_gradients});
     if (!phases.modelled) {
       p.why_not = phases.why_not;
       return p;
@@ -52,25 +51,26 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
       peak_micro = k;
       peak_where = " forward";
     }
-    // The trainer's backward (step_runner.cpp, run_one) holds the objective `loss_sum * inv_n`
-    // (4 B) where step_peaks holds the forward's supervised count (8 B), which the trainer has
-    // dropped with the forward's output.
-    const int64_t backward = base + phases.backward - 4;
+    const int64_t backward = base + phases.backward;
     p.backward_peak = std::max(p.backward_peak, backward);
     if (backward > p.peak_bytes) {
       p.peak_bytes = backward;
       peak_micro = k;
       peak_where = " backward";
     }
-    if (!gradients) live += statics.gradient_bytes();
-    gradients = true;
+    if (!language_gradients) live += statics.gradient_bytes() - image_gradient_bytes;
+    language_gradients = true;
+    if (!image_gradients && shape.crops > 0) {
+      live += image_gradient_bytes;
+      image_gradients = true;
+    }
   }
   // The gradient all-reduce (ranks > 1), then AdamW, over the gradients of the whole step.
-  const int64_t allreduce =
-      live + allreduce_peak(spec, micro_batches.back(), /*first_step=*/false);
+  const int64_t allreduce = live + allreduce_peak(spec, micro_batches.back(), image_gradients);
   p.allreduce_peak = allreduce;
   const int64_t optimizer =
-      live + optimizer_step_peak(spec, micro_batches.back(), /*first_step=*/false, before.moments);
+      live + optimizer_step_peak(spec, micro_batches.back(), image_gradients, before.moments,
+                                 before.moments && !pending);
   p.optimizer_peak = optimizer;
   if (optimizer > p.peak_bytes && optimizer >= allreduce) {
     p.peak_bytes = optimizer;

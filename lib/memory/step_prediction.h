@@ -15,10 +15,12 @@ namespace vlm::memory {
 
 // What exists before the step: every trained parameter's gradient (after any backward: a
 // preflight's or an earlier step's; zero_grad keeps them allocated) and AdamW's moments (after
-// the first update).
+// the first update). `image_path_pending`: the trained ViT and projector have neither yet,
+// though the decoder has both, because every micro-batch so far was text-only.
 struct StepState {
   bool gradients = false;
   bool moments = false;
+  bool image_path_pending = false;
 };
 
 struct StepPrediction {

@@ -88,15 +88,15 @@ MemoryPredictor::MemoryPredictor(const Config& config, int threads, memory::Devi
   }
 }
 
-PredictedStep MemoryPredictor::predict(const std::vector<data::HostBatch>& batches, bool gradients,
-                                       bool moments) {
+PredictedStep MemoryPredictor::predict(const std::vector<data::HostBatch>& batches,
+                                       memory::StepState before) {
   std::vector<memory::BatchShape> shapes;
   shapes.reserve(batches.size());
   for (const auto& batch : batches) {
     if (batch.rows > 0) shapes.push_back(batch_shape(batch));
   }
   PredictedStep p;
-  p.tensors = memory::predict_step(spec_, shapes, {gradients, moments});
+  p.tensors = memory::predict_step(spec_, shapes, before);
   if (!p.tensors.modelled) {
     if (!logged_unmodelled_) {
       logged_unmodelled_ = true;
@@ -105,7 +105,7 @@ PredictedStep MemoryPredictor::predict(const std::vector<data::HostBatch>& batch
     }
     return p;
   }
-  p.device = memory::device_breakdown(spec_, {gradients, moments}, p.tensors.peak_bytes,
+  p.device = memory::device_breakdown(spec_, before, p.tensors.peak_bytes,
                                       p.tensors.static_bytes, target_, corrections_);
   return p;
 }

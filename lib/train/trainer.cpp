@@ -63,7 +63,8 @@ class Trainer {
   bool train_step(data::LoadedStep& step, StepMetrics& metrics);
   void step_metrics(const data::LoadedStep& step, const StepWork& work,
                     const PredictedStep& predicted, StepMetrics& m);
-  bool gradients_allocated() const;
+  // Which gradients and AdamW moments exist before a step (for the memory model).
+  memory::StepState memory_state() const;
   void cap_cuda_allocator(int64_t outside_bytes);
   void optimizer_update(StepMetrics& m);
   void save_checkpoint();
@@ -240,7 +241,7 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
   optimizer_->set_lr_factor(schedule_->lr_factor(state_.step));
   const PredictedStep predicted =
-      memory_->predict(step.batches, gradients_allocated(), optimizer_state_ready_);
+      memory_->predict(step.batches, memory_state());
   const StepWork work = runner_->run(std::move(step.batches), inv_n, state_.step + 1, state_);
 
   runtime::PhaseTimer timer(device_);  // CUDA: event times (runtime/phase_timer.h)
@@ -279,11 +280,19 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
 
 // Every trained parameter has a gradient (zero_grad zeroes them in place, so after the first
 // backward that reached every module they stay allocated).
-bool Trainer::gradients_allocated() const {
-  for (const auto& p : optimizer_->parameters()) {
-    if (!p.grad().defined()) return false;
+memory::StepState Trainer::memory_state() const {
+  // A backward creates the gradients of the towers it reaches (zero_grad keeps them): the
+  // decoder's at the first one, the image path's at the first with crops, maybe later.
+  bool language = true, image = true;
+  for (const auto& item : model_->named_parameters()) {
+    if (!item.value().requires_grad() || item.value().grad().defined()) continue;
+    (item.key().rfind("decoder.", 0) == 0 ? language : image) = false;
   }
-  return true;
+  memory::StepState state;
+  state.gradients = language;
+  state.moments = optimizer_state_ready_;
+  state.image_path_pending = language && !image;
+  return state;
 }
 
 // AdamW, after its memory was checked (optimizer_headroom.h). An OOM inside the update itself

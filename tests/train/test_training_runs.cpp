@@ -353,6 +353,11 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
   for (size_t i = 0; i < got.size(); ++i) {
     CATCH_CHECK(got[i]["step"] == ref[i]["step"]);
     CATCH_CHECK(got[i]["loss"].get<double>() == ref[i]["loss"].get<double>());
+    // Every step's memory is predicted exactly, the resumed process's first one included
+    // (AdamW's moments loaded, no gradient yet).
+    CATCH_INFO("step " << got[i]["step"]);
+    CATCH_REQUIRE(got[i].contains("memory/predicted_peak_bytes"));
+    CATCH_CHECK(got[i]["memory/predicted_peak_bytes"] == got[i]["memory/peak_allocated_bytes"]);
   }
 }
 
@@ -612,6 +617,35 @@ CATCH_TEST_CASE("on 2 Gloo ranks every step's predicted peak is the measured one
   for (size_t i = 1; i < steps.size(); ++i) {
     CATCH_CHECK(steps[i]["memory/peak_allocated_bytes"].get<int64_t>() - later == gradients);
   }
+}
+
+CATCH_TEST_CASE("text-only first steps leave the image path's gradients for later, and every "
+                "step's predicted peak is still the measured one") {
+  // Text-only samples ahead of the demo's, packed in stream order (one sample considered at a
+  // time), seed 2: steps 1 and 2 carry no crop, so the ViT's and projector's gradients and
+  // moments are created at step 3 (docs/memory.md, "The whole step"). Before, steps 1 to 3
+  // had no prediction.
+  const fs::path mixed = dataset_dir() / "demo" / "text-then-images.jsonl";
+  {
+    std::ofstream out(mixed);
+    for (int i = 0; i < 40; ++i) {
+      out << R"({"images": [], "texts": [{"user": "What is )" << i << R"( plus 1?", "assistant": ")"
+          << i + 1 << "\"}]}\n";
+    }
+    std::ifstream demo(dataset_dir() / "demo" / "train.jsonl");
+    out << demo.rdbuf();
+  }
+  TempDir out;
+  require_ok(run_vlmtrain(
+      run_args(out.path(), "--set train.batch_size=1 --set train.seed=2 --set train.max_steps=4 "
+                           "--set packing.buffer_samples=1 --set packing.emission_window=1 "
+                           "--set packing.max_deferrals=0") +
+      " --set 'data.train=[{path: " + mixed.string() + "}]'"));
+  const auto steps = records(out.path(), "step");
+  CATCH_REQUIRE(steps.size() == 4);
+  CATCH_CHECK(steps[0]["crops"].get<int64_t>() == 0);
+  CATCH_CHECK(steps[2]["crops"].get<int64_t>() > 0);
+  check_predictions(out.path());
 }
 
 CATCH_TEST_CASE("a device of the predicted peak fits every step, 2% less takes the OOM path") {

@@ -78,16 +78,11 @@ int64_t MicroBatchMemory::on_target(int64_t tensor_peak) const {
 int64_t MicroBatchMemory::predict(const memory::BatchShape& shape) const {
   memory::StepPrediction p = memory::predict_step(spec_, {shape}, kSteadyState);
   if (!p.modelled) {
-    // Shapes outside the replay, bounded by one it covers: a label more (no supervised token:
-    // the loss is then a sum over nothing), a crop more (a frozen decoder on text alone runs
-    // without a graph, which keeps less than the same micro-batch with an image).
+    // A shape outside the replay, bounded by one it covers: a label more (no supervised token:
+    // the loss is then a sum over nothing).
     memory::BatchShape covered = shape;
     covered.supervised_tokens = std::max<int64_t>(covered.supervised_tokens, 1);
     p = memory::predict_step(spec_, {covered}, kSteadyState);
-    if (!p.modelled) {
-      covered.crops = std::max<int64_t>(covered.crops, 1);
-      p = memory::predict_step(spec_, {covered}, kSteadyState);
-    }
     if (!p.modelled) return 0;  // the config is outside the model: why_not() says so
   }
   return on_target(p.peak_bytes);

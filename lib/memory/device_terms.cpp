@@ -46,9 +46,12 @@ std::vector<int64_t> static_tensors(const MemorySpec& spec, StepState before) {
     if (!t.trainable) continue;
     // The image path's (nanoVLM's "vision_encoder." and "MP." names) may still be pending.
     const bool image_path = t.name.rfind("decoder.", 0) != 0;
-    if (before.image_path_pending && image_path) continue;
-    if (before.gradients) out.push_back(4 * t.elements);
-    if (before.moments) out.insert(out.end(), 2, 4 * t.elements);  // exp_avg, exp_avg_sq
+    if (before.gradients && !(image_path && before.image_gradients_pending)) {
+      out.push_back(4 * t.elements);
+    }
+    if (before.moments && !(image_path && before.image_moments_pending)) {
+      out.insert(out.end(), 2, 4 * t.elements);  // exp_avg, exp_avg_sq
+    }
   }
   return out;
 }

@@ -77,6 +77,9 @@ struct Lm {
   // The decoder frozen in model.frozen_dtype bf16: it computes in bf16 in either precision
   // (replay_language_bf16.cpp), with no cast of its weights or of its bf16 activations.
   bool bf16_storage = false;
+  // No tensor needs a gradient: a frozen decoder with no trained module before it (a text-only
+  // micro-batch). The forward keeps nothing, and there is no backward.
+  bool no_graph = false;
 };
 Lm lm_of(const MemorySpec& spec, const BatchShape& shape);
 
@@ -130,6 +133,8 @@ void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
 
 // The same phases under bf16 autocast (replay_language_bf16.cpp).
 void language_forward_bf16(Timeline& t, const Lm& x);
+// The decoder and the loss without a graph (Lm::no_graph), under autocast or stored in bf16.
+void language_forward_no_graph_bf16(Timeline& t, const Lm& x);
 void language_backward_bf16(Timeline& t, const Lm& x, bool first_step);
 
 // --- vision (replay_vision.cpp) ------------------------------------------------------------

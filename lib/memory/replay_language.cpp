@@ -27,6 +27,8 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
             spec.precision == ComputePrecision::kBf16,
             spec.threads};
   x.bf16_storage = !spec.language.trainable && spec.language.parameter_bytes == 2;
+  x.no_graph = !spec.language.trainable &&
+               (b.crops == 0 || !(spec.vision.trainable || spec.projector.trainable));
   const int64_t C = spec.levers.loss_chunk_tokens;
   if (C > 0 && b.supervised_tokens > C) {
     for (int64_t start = 0; start < b.supervised_tokens; start += C) {
@@ -462,7 +464,52 @@ void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
 // accounting of docs/memory.md and are kept in the replay; the attention tops were checked to
 // the byte against the allocator block by block. With very few supervised tokens the top is
 // instead `supervised.sum()` (token_loss.cpp:30), which casts the mask to int64 (8N bytes).
+namespace {
+
+// The decoder and the loss without a graph (Lm::no_graph), fp32: checkpointed() calls each
+// block (and each loss chunk) directly, every intermediate dies as it goes, each block's input
+// when `x` is reassigned (the LM input is its caller's), and nothing is kept for a backward:
+// the log-probabilities and the rows die with their calls. Only the loss and the count stay.
+void language_forward_no_graph(Timeline& t, const Lm& x) {
+  const int64_t hidden = e * x.N * x.D, tables = 2 * e * x.N * x.hd;
+  t.transient(3 * 8 * x.N + kWrappedScalar);                // segment_ids
+  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
+  t.alloc(tables);
+  block_forward_nograd(t, x);
+  t.repeat(x.Ll - 1, [&](Timeline& block) {
+    block_forward_nograd(block, x);
+    block.free(hidden);
+  });
+  rms_norm_forward_nograd(t, x);  // the final norm
+  t.free(hidden + tables);        // the last block's output and the tables, at return
+  t.alloc(x.N);                   // the loss (token_loss.cpp), as with a graph
+  t.alloc(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns);
+  t.alloc(4 + 4);
+  t.alloc(8 * x.N);
+  t.alloc(8);
+  t.free(8 * x.N + 4);
+  if (x.loss_chunks.empty()) {
+    t.alloc(2 * e * x.Ns * x.V + 4 + 4);  // logits, log-probabilities, loss, total weight
+    t.free(2 * e * x.Ns * x.V + 4 + 4);   // ... and the zero loss, replaced
+  } else {
+    for (const int64_t rows : x.loss_chunks) {
+      t.alloc(2 * e * rows * x.V + 4 + 4);
+      t.free(2 * e * rows * x.V + 4);
+      t.alloc(4);
+      t.free(4 + 4);
+    }
+  }
+  t.free(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns + x.N);  // positions, rows, targets, supervised
+  t.free(hidden);                                      // hidden
+}
+
+}  // namespace
+
 void language_forward(Timeline& t, const Lm& x) {
+  if (x.no_graph) {
+    if (x.bf16 || x.bf16_storage) return language_forward_no_graph_bf16(t, x);
+    return language_forward_no_graph(t, x);
+  }
   if (x.bf16 || x.bf16_storage) return language_forward_bf16(t, x);
   const int64_t hidden = e * x.N * x.D;
   // segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,

@@ -603,6 +603,41 @@ void checkpointed_block_backward_bf16(Timeline& t, const Lm& x, bool first_step)
 
 }  // namespace
 
+void language_forward_no_graph_bf16(Timeline& t, const Lm& x) {
+  const int64_t element = x.bf16_storage ? h : e;  // of the stream and the rows
+  const int64_t stream = element * x.N * x.D, tables = 2 * e * x.N * x.hd;
+  t.transient(3 * 8 * x.N + kWrappedScalar);                // segment_ids
+  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
+  t.alloc(tables);
+  block_forward_nograd_bf16(t, x);
+  t.repeat(x.Ll - 1, [&](Timeline& block) {
+    block_forward_nograd_bf16(block, x);
+    block.free(stream);
+  });
+  (x.bf16_storage ? rms_norm_forward_bf16_storage_nograd : rms_norm_forward_nograd)(t, x);
+  t.free(stream + tables);  // the last block's output and the tables, at return
+  const int64_t zero_temporaries = x.bf16_storage ? 2 + 2 : 4;
+  t.alloc(x.N);
+  t.alloc(8 * x.Ns + element * x.Ns * x.D + 8 * x.Ns);
+  t.alloc(zero_temporaries + 4);
+  t.alloc(8 * x.N);
+  t.alloc(8);
+  t.free(8 * x.N + zero_temporaries);
+  if (x.loss_chunks.empty()) {
+    cross_entropy_forward(t, x, x.Ns, /*graph=*/false);
+    t.free(2 * e * x.Ns * x.V + 4 + 4);  // ... and the zero loss, replaced
+  } else {
+    for (const int64_t rows : x.loss_chunks) {
+      cross_entropy_forward(t, x, rows, /*graph=*/false);
+      t.free(2 * e * rows * x.V + 4);
+      t.alloc(4);
+      t.free(4 + 4);
+    }
+  }
+  t.free(8 * x.Ns + element * x.Ns * x.D + 8 * x.Ns + x.N);
+  t.free(stream);  // hidden
+}
+
 void language_forward_bf16(Timeline& t, const Lm& x) {
   const int64_t stream = e * x.N * x.D;
   const int64_t tables = 2 * e * x.N * x.hd;

@@ -18,45 +18,52 @@ using replay::Timeline;
 // (zeros_like, kept); `denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)` holds sqrt and the
 // quotient together (8 B per element) beside small scalars: 12 B at the top (measured; the
 // wrapped divisor is 8 of them). Parameters without a gradient are skipped.
-// `created[i]`: parameter i's moments do not exist yet; they come one by one, each
-// parameter's before its update.
-int64_t adamw_peak(const std::vector<int64_t>& numel, const std::vector<bool>& created) {
+// The parameters AdamW steps, in its order, in elements: the image path's when they have
+// gradients (the first `image` of them), then the decoder's.
+struct Stepped {
+  std::vector<int64_t> numel;
+  size_t image = 0;
+};
+Stepped stepped_parameters(const MemorySpec& spec, const replay::Vit& v, const replay::Lm& x,
+                           bool image_gradients) {
+  Stepped s;
+  s.numel = replay::vision_parameters(v, image_gradients && spec.vision.trainable,
+                                      image_gradients && spec.projector.trainable);
+  s.image = s.numel.size();
+  const auto language = replay::language_parameters(x);
+  s.numel.insert(s.numel.end(), language.begin(), language.end());
+  return s;
+}
+Stepped stepped_parameters(const MemorySpec& spec, const BatchShape& shape, bool image_gradients) {
+  return stepped_parameters(spec, replay::vit_of(spec, shape), replay::lm_of(spec, shape),
+                            image_gradients);
+}
+
+// The moments of the parameters whose tower has none yet come one by one, each parameter's
+// before its update.
+int64_t adamw_peak(const Stepped& s, bool image_moments, bool language_moments) {
   constexpr int64_t kScalars = 12;
   int64_t peak = 0, moments = 0;
-  for (size_t i = 0; i < numel.size(); ++i) {
-    if (created[i]) moments += 8 * numel[i];
-    peak = std::max(peak, moments + 8 * numel[i] + kScalars);
+  for (size_t i = 0; i < s.numel.size(); ++i) {
+    if (!(i < s.image ? image_moments : language_moments)) moments += 8 * s.numel[i];
+    peak = std::max(peak, moments + 8 * s.numel[i] + kScalars);
   }
   return peak;
 }
 
-// The parameters AdamW steps, in its order, in elements (the image path's when they have
-// gradients, then the decoder's), and whether each one's moments are created in this step.
-struct Stepped {
-  std::vector<int64_t> numel;
-  std::vector<bool> created;
-};
-Stepped stepped_parameters(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
-                           bool language_moments, bool image_moments) {
-  Stepped s;
-  s.numel = replay::vision_parameters(replay::vit_of(spec, shape),
-                                      image_gradients && spec.vision.trainable,
-                                      image_gradients && spec.projector.trainable);
-  s.created.assign(s.numel.size(), !image_moments);
-  const auto language = replay::language_parameters(replay::lm_of(spec, shape));
-  s.numel.insert(s.numel.end(), language.begin(), language.end());
-  s.created.resize(s.numel.size(), !language_moments);
-  return s;
+// The gradients of the towers whose moments do not exist yet.
+int64_t created_gradient_bytes(const Stepped& s, bool image_moments, bool language_moments) {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < s.numel.size(); ++i) {
+    if (!(i < s.image ? image_moments : language_moments)) bytes += 4 * s.numel[i];
+  }
+  return bytes;
 }
 
 // The first unmodelled feature of this step, or "".
 std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   const int64_t segment_total =
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
-  if (!spec.language.trainable &&
-      (shape.crops == 0 || !(spec.vision.trainable || spec.projector.trainable))) {
-    return "a frozen decoder with no trained module before it (no graph)";
-  }
   if (shape.supervised_tokens <= 0) return "no supervised token";
   if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {
     return "segment lengths unknown";
@@ -70,7 +77,7 @@ int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool ima
   if (spec.ranks < 2) return 0;
   std::vector<int64_t> flattened;  // per bucket: the bytes its flattening allocates
   int64_t bytes = 0, tensors = 0;
-  for (const int64_t n : stepped_parameters(spec, shape, image_gradients, true, true).numel) {
+  for (const int64_t n : stepped_parameters(spec, shape, image_gradients).numel) {
     bytes += 4 * n;  // fp32 gradients, one dtype: one group
     ++tensors;
     if (bytes >= kGradientBucketBytes) {
@@ -88,9 +95,8 @@ int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool ima
 
 int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
                             bool language_moments, bool image_moments) {
-  const Stepped s =
-      stepped_parameters(spec, shape, image_gradients, language_moments, image_moments);
-  return adamw_peak(s.numel, s.created);
+  return adamw_peak(stepped_parameters(spec, shape, image_gradients), image_moments,
+                    language_moments);
 }
 
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step) {
@@ -132,8 +138,17 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBack
   replay::language_forward(forward, x);
   // A decoder stored in bf16 keeps an fp32 copy of its input, not the input: the LM input dies
   // when the forward's statement ends.
-  if (x.bf16_storage && !x.checkpoint) forward.free(hidden);
+  if ((x.bf16_storage && !x.checkpoint) || x.no_graph) forward.free(hidden);
   p.forward = forward.peak;
+
+  if (x.no_graph) {
+    // Nothing to propagate (step_runner.cpp runs no backward): the loss and the objective
+    // stay; AdamW steps the gradients earlier steps made.
+    p.backward = forward.live - 8 + 4;
+    const Stepped stepped = stepped_parameters(spec, v, x, !first.image);
+    p.optimizer = adamw_peak(stepped, !first.image, !first.language);
+    return p;
+  }
 
   // Backward: the decoder to its input's gradient; IndexCopyBackward0 splits it into the token
   // embeddings' gradient (index_fill: a copy) and the image embeddings' (index_select), then
@@ -166,14 +181,9 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBack
   // AdamW, over the parameters with a gradient: the image path's once a step with crops has
   // run. The gradients this backward allocated (first backwards) are live beside it, and the
   // moments of the towers backpropagated for the first time are created.
-  const bool image_gradients = crops || !first.image;
-  const Stepped stepped =
-      stepped_parameters(spec, shape, image_gradients, !first.language, !first.image);
-  int64_t gradients = 0;
-  for (size_t i = 0; i < stepped.numel.size(); ++i) {
-    if (stepped.created[i]) gradients += 4 * stepped.numel[i];
-  }
-  p.optimizer = gradients + adamw_peak(stepped.numel, stepped.created);
+  const Stepped stepped = stepped_parameters(spec, v, x, crops || !first.image);
+  p.optimizer = created_gradient_bytes(stepped, !first.image, !first.language) +
+                adamw_peak(stepped, !first.image, !first.language);
   return p;
 }
 

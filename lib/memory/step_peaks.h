@@ -10,17 +10,15 @@
 //
 // What is modelled (else `modelled` is false and `why_not` says what is missing; the numbers
 // are then 0, never an estimate):
-//   - fp32 compute; the language model trained, or frozen in fp32 storage with a trained
-//     module before it on a batch with crops (else there is no graph); checkpointed
-//     (checkpoint_language) or not; the loss chunked (loss_chunk_tokens) or not;
-//   - a tied head (the presets'; its gradient waits in the embedding's AccumulateGrad buffer
-//     for the whole backward) or an untied one (its own AccumulateGrad at once);
-//   - crops with the ViT and the projector trained or frozen in fp32 storage, the ViT
-//     checkpointed (checkpoint_vision) or not, in chunks of any vision_chunk_crops (a text-only
-//     batch runs neither: their parameters get no gradient);
+//   - fp32 compute and bf16 autocast; every module trained, or frozen in fp32 or bf16 storage
+//     (model.frozen_dtype), never all three frozen; a frozen decoder with no trained module
+//     before it (a text-only batch) runs without a graph and without a backward;
+//   - either tower checkpointed or not, the ViT in chunks of any vision_chunk_crops, the loss
+//     chunked (loss_chunk_tokens) or not, a tied head or an untied one;
 //   - at least one supervised token, and the segment lengths in cu_seqlens order
 //     (BatchShape::segment_lengths, filled by BatchShape::from_segments);
-//   - MemorySpec::threads, the intra-op threads (LayerNorm's backward buffer).
+//   - MemorySpec::threads, the intra-op threads (LayerNorm's backward buffer, oneDNN's
+//     scratchpads).
 // The backward is the trainer's (train/step_runner.cpp): the forward's count dropped, the loss
 // held, `objective = loss_sum * inv_n` run backward; the optimizer phase is GroupedAdamW::step
 // alone, without the trainer's clip_grad_norm.

@@ -16,10 +16,12 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
   const int64_t image_gradient_bytes =
       statics.vision.gradient_bytes + statics.projector.gradient_bytes;
   const int64_t image_moment_bytes = statics.vision.moment_bytes + statics.projector.moment_bytes;
-  const bool pending = before.image_path_pending && before.gradients;
+  const bool image_moments = before.moments && !before.image_moments_pending;
   int64_t live = statics.parameter_bytes();
-  if (before.gradients) live += statics.gradient_bytes() - (pending ? image_gradient_bytes : 0);
-  if (before.moments) live += statics.moment_bytes() - (pending ? image_moment_bytes : 0);
+  if (before.gradients) live += statics.gradient_bytes() - image_gradient_bytes;
+  if (before.gradients && !before.image_gradients_pending) live += image_gradient_bytes;
+  if (before.moments) live += statics.moment_bytes() - image_moment_bytes;
+  if (image_moments) live += image_moment_bytes;
   // The communicator's buffers (runtime/distributed.cpp): the OOM-agreement flag (int32) and
   // 64 doubles for the metrics' all-reduces.
   if (spec.ranks > 1) live += 4 + 64 * 8;
@@ -32,7 +34,7 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
   // The first backward that reaches a tower creates its gradients: a text-only micro-batch
   // leaves the image path's to a later one with crops.
   bool language_gradients = before.gradients;
-  bool image_gradients = before.gradients && !pending;
+  bool image_gradients = before.gradients && !before.image_gradients_pending;
   // Where the peak is, named once at the end (the sampler predicts millions of micro-batches).
   size_t peak_micro = 0;
   const char* peak_where = nullptr;
@@ -70,7 +72,7 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
   p.allreduce_peak = allreduce;
   const int64_t optimizer =
       live + optimizer_step_peak(spec, micro_batches.back(), image_gradients, before.moments,
-                                 before.moments && !pending);
+                                 image_moments);
   p.optimizer_peak = optimizer;
   if (optimizer > p.peak_bytes && optimizer >= allreduce) {
     p.peak_bytes = optimizer;

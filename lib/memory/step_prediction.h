@@ -15,12 +15,14 @@ namespace vlm::memory {
 
 // What exists before the step: every trained parameter's gradient (after any backward: a
 // preflight's or an earlier step's; zero_grad keeps them allocated) and AdamW's moments (after
-// the first update). `image_path_pending`: the trained ViT and projector have neither yet,
-// though the decoder has both, because every micro-batch so far was text-only.
+// the first update). The image path's (the trained ViT and projector) may lag the decoder's:
+// a run whose micro-batches so far were text-only has neither, and a process resumed from such
+// a run has the decoder's moments only.
 struct StepState {
   bool gradients = false;
   bool moments = false;
-  bool image_path_pending = false;
+  bool image_gradients_pending = false;  // none of the image path's, though `gradients`
+  bool image_moments_pending = false;    // none of the image path's, though `moments`
 };
 
 struct StepPrediction {

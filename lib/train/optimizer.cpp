@@ -161,6 +161,12 @@ typename StateMap::key_type state_key(const torch::Tensor& param) {
 
 }  // namespace
 
+bool GroupedAdamW::has_moments(const torch::Tensor& param) const {
+  const auto& state = optimizer_->state();
+  using StateMap = std::decay_t<decltype(state)>;
+  return state.count(state_key<StateMap>(param)) > 0;
+}
+
 // torch::optim::AdamW's update through the fused kernel, on torch::optim::AdamW's own state
 // (AdamWParamState: step, exp_avg, exp_avg_sq), so that checkpoints are the same either way and
 // a run may resume with the other path. Parameters without a gradient are skipped, as there.

@@ -90,6 +90,9 @@ class GroupedAdamW {
   void step();
   // Whether step() runs the fused kernel (options.fused, CUDA parameters, a LibTorch with it).
   bool fused() const;
+  // Whether `param` has AdamW moments (a step with its gradient has run, or a resume loaded
+  // them).
+  bool has_moments(const torch::Tensor& param) const;
 
   // Optimizer state (AdamW moments, step counts, group options) for exact resume, serialised
   // through torch::serialize::OutputArchive into memory, plus the group layout, which load()

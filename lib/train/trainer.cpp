@@ -282,16 +282,22 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
 // backward that reached every module they stay allocated).
 memory::StepState Trainer::memory_state() const {
   // A backward creates the gradients of the towers it reaches (zero_grad keeps them): the
-  // decoder's at the first one, the image path's at the first with crops, maybe later.
-  bool language = true, image = true;
+  // decoder's at the first one, the image path's at the first with crops, maybe later; AdamW
+  // then creates their moments (or a resume loads them).
+  bool language_gradients = true, image_gradients = true;
+  bool language_moments = true, image_moments = true;
   for (const auto& item : model_->named_parameters()) {
-    if (!item.value().requires_grad() || item.value().grad().defined()) continue;
-    (item.key().rfind("decoder.", 0) == 0 ? language : image) = false;
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    const bool language = item.key().rfind("decoder.", 0) == 0;
+    if (!p.grad().defined()) (language ? language_gradients : image_gradients) = false;
+    if (!optimizer_->has_moments(p)) (language ? language_moments : image_moments) = false;
   }
   memory::StepState state;
-  state.gradients = language;
-  state.moments = optimizer_state_ready_;
-  state.image_path_pending = language && !image;
+  state.gradients = language_gradients;
+  state.moments = language_moments;
+  state.image_gradients_pending = language_gradients && !image_gradients;
+  state.image_moments_pending = language_moments && !image_moments;
   return state;
 }
 

@@ -107,6 +107,12 @@ int64_t bf16_matmul_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K
                             bool a_transposed, bool b_transposed);
 
 // --- language (replay_language.cpp) --------------------------------------------------------
+// segment_ids and the RoPE tables, before the blocks: cos and sin (4 N hd each) live on return.
+void decoder_prologue(Timeline& t, const Lm& x);
+// The loss's preparation (token_loss.cpp:23-30): on return the supervised mask, the positions,
+// the rows, the targets, the zero loss (4 B) and the count (8 B) are live.
+void loss_preparation(Timeline& t, const Lm& x);
+
 // The decoder and the loss, from the LM input live (counted by the caller) to the forward's
 // end; `t.live` then holds what they save.
 void language_forward(Timeline& t, const Lm& x);

@@ -464,6 +464,33 @@ void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
 // accounting of docs/memory.md and are kept in the replay; the attention tops were checked to
 // the byte against the allocator block by block. With very few supervised tokens the top is
 // instead `supervised.sum()` (token_loss.cpp:30), which casts the mask to int64 (8N bytes).
+// segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,
+// searchsorted and the `- 1` (int64 each), all freed at once; then the RoPE tables
+// (language_model.cpp:45-51): angles, their cat, cos and sin; cos and sin stay.
+void decoder_prologue(Timeline& t, const Lm& x) {
+  const int64_t tables = 2 * e * x.N * x.hd;
+  t.transient(3 * 8 * x.N + kWrappedScalar);
+  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);
+  t.alloc(tables);
+}
+
+// The supervised mask (bool, until return), the positions and targets (int64) and the rows
+// (the stream's dtype: bf16 in a decoder stored in bf16); then TokenLoss{(hidden.sum() *
+// 0.0).to(kFloat), supervised.sum()} (:30): the sum and the product (bf16 ones converted to
+// fp32 in a decoder stored in bf16; the wrapped 0.0 comes and goes), then supervised.sum()
+// casts the mask to int64 (8N) beside the count it returns while the sum is still a
+// temporary of the statement: the top of the preparation, the peak when Ns V is small.
+void loss_preparation(Timeline& t, const Lm& x) {
+  const int64_t row_bytes = x.bf16_storage ? 2 : e;
+  const int64_t zero_temporaries = x.bf16_storage ? 2 + 2 : 4;
+  t.alloc(x.N);
+  t.alloc(8 * x.Ns + row_bytes * x.Ns * x.D + 8 * x.Ns);
+  t.alloc(zero_temporaries + 4);
+  t.alloc(8 * x.N);
+  t.alloc(8);
+  t.free(8 * x.N + zero_temporaries);
+}
+
 namespace {
 
 // The decoder and the loss without a graph (Lm::no_graph), fp32: checkpointed() calls each
@@ -472,9 +499,7 @@ namespace {
 // the log-probabilities and the rows die with their calls. Only the loss and the count stay.
 void language_forward_no_graph(Timeline& t, const Lm& x) {
   const int64_t hidden = e * x.N * x.D, tables = 2 * e * x.N * x.hd;
-  t.transient(3 * 8 * x.N + kWrappedScalar);                // segment_ids
-  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
-  t.alloc(tables);
+  decoder_prologue(t, x);
   block_forward_nograd(t, x);
   t.repeat(x.Ll - 1, [&](Timeline& block) {
     block_forward_nograd(block, x);
@@ -482,12 +507,7 @@ void language_forward_no_graph(Timeline& t, const Lm& x) {
   });
   rms_norm_forward_nograd(t, x);  // the final norm
   t.free(hidden + tables);        // the last block's output and the tables, at return
-  t.alloc(x.N);                   // the loss (token_loss.cpp), as with a graph
-  t.alloc(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns);
-  t.alloc(4 + 4);
-  t.alloc(8 * x.N);
-  t.alloc(8);
-  t.free(8 * x.N + 4);
+  loss_preparation(t, x);
   if (x.loss_chunks.empty()) {
     t.alloc(2 * e * x.Ns * x.V + 4 + 4);  // logits, log-probabilities, loss, total weight
     t.free(2 * e * x.Ns * x.V + 4 + 4);   // ... and the zero loss, replaced
@@ -512,12 +532,7 @@ void language_forward(Timeline& t, const Lm& x) {
   }
   if (x.bf16 || x.bf16_storage) return language_forward_bf16(t, x);
   const int64_t hidden = e * x.N * x.D;
-  // segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,
-  // searchsorted and the `- 1` (int64 each), all freed at once.
-  t.transient(3 * 8 * x.N + kWrappedScalar);
-  // RoPE tables (language_model.cpp:45-51): angles, their cat, cos and sin; cos and sin stay.
-  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + 2 * e * x.N * x.hd);
-  t.alloc(2 * e * x.N * x.hd);
+  decoder_prologue(t, x);
   t.repeat(x.Ll, [&](Timeline& block) {
     if (x.checkpoint) {
       block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
@@ -535,20 +550,10 @@ void language_forward(Timeline& t, const Lm& x) {
   } else {
     rms_norm_forward(t, x);
   }
-  // Loss (token_loss.cpp:23-36): the supervised mask (bool, until return), the positions and
-  // targets (int64, kept), the rows (kept by the head's mm), the zero loss (4 B, replaced at
-  // :35) and the count (int64); then logits and log-probabilities together (the logits local
-  // lives until summed_cross_entropy returns), NLL's loss and total weight.
-  t.alloc(x.N);
-  t.alloc(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns);
-  // TokenLoss{(hidden.sum() * 0.0).to(kFloat), supervised.sum()} (:30): the sum and the
-  // product (the wrapped 0.0 comes and goes), then supervised.sum() casts the bool mask to
-  // int64 (8N) beside the count it returns, while the sum is still a temporary of the
-  // statement: the top of the loss's preparation, the peak when Ns V is small.
-  t.alloc(4 + 4);
-  t.alloc(8 * x.N);
-  t.alloc(8);
-  t.free(8 * x.N + 4);
+  // Loss (token_loss.cpp:23-36): its preparation (the positions, targets and rows kept),
+  // then logits and log-probabilities together (the logits local lives until
+  // summed_cross_entropy returns), NLL's loss and total weight.
+  loss_preparation(t, x);
   if (x.loss_chunks.empty()) {
     t.alloc(e * x.Ns * x.V);  // logits
     t.alloc(e * x.Ns * x.V);  // log-probabilities, kept

@@ -606,9 +606,7 @@ void checkpointed_block_backward_bf16(Timeline& t, const Lm& x, bool first_step)
 void language_forward_no_graph_bf16(Timeline& t, const Lm& x) {
   const int64_t element = x.bf16_storage ? h : e;  // of the stream and the rows
   const int64_t stream = element * x.N * x.D, tables = 2 * e * x.N * x.hd;
-  t.transient(3 * 8 * x.N + kWrappedScalar);                // segment_ids
-  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
-  t.alloc(tables);
+  decoder_prologue(t, x);
   block_forward_nograd_bf16(t, x);
   t.repeat(x.Ll - 1, [&](Timeline& block) {
     block_forward_nograd_bf16(block, x);
@@ -616,13 +614,7 @@ void language_forward_no_graph_bf16(Timeline& t, const Lm& x) {
   });
   (x.bf16_storage ? rms_norm_forward_bf16_storage_nograd : rms_norm_forward_nograd)(t, x);
   t.free(stream + tables);  // the last block's output and the tables, at return
-  const int64_t zero_temporaries = x.bf16_storage ? 2 + 2 : 4;
-  t.alloc(x.N);
-  t.alloc(8 * x.Ns + element * x.Ns * x.D + 8 * x.Ns);
-  t.alloc(zero_temporaries + 4);
-  t.alloc(8 * x.N);
-  t.alloc(8);
-  t.free(8 * x.N + zero_temporaries);
+  loss_preparation(t, x);
   if (x.loss_chunks.empty()) {
     cross_entropy_forward(t, x, x.Ns, /*graph=*/false);
     t.free(2 * e * x.Ns * x.V + 4 + 4);  // ... and the zero loss, replaced
@@ -641,9 +633,7 @@ void language_forward_no_graph_bf16(Timeline& t, const Lm& x) {
 void language_forward_bf16(Timeline& t, const Lm& x) {
   const int64_t stream = e * x.N * x.D;
   const int64_t tables = 2 * e * x.N * x.hd;
-  t.transient(3 * 8 * x.N + kWrappedScalar);  // segment_ids
-  t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);  // RoPE tables
-  t.alloc(tables);
+  decoder_prologue(t, x);
   const int64_t hidden = h * x.N * x.D;
   if (x.bf16_storage && !x.checkpoint) {
     // Nothing keeps a block's bf16 input (its norm keeps an fp32 copy): it dies when `x` is
@@ -679,16 +669,9 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
   // Loss (token_loss.cpp): as in fp32 up to the rows and the count; then the head's bf16 copy
   // (an explicit cast, kept), the rows' (autocast, kept), bf16 logits and the scratchpad, the
   // fp32 logits (the bf16 ones die), log-probabilities (kept), loss and total weight.
-  // A decoder stored in bf16 gives bf16 rows, and its zero loss is a bf16 sum, times 0.0,
-  // converted to fp32.
+  // A decoder stored in bf16 gives bf16 rows.
   const int64_t row_bytes = x.bf16_storage ? h : e;
-  t.alloc(x.N);
-  t.alloc(8 * x.Ns + row_bytes * x.Ns * x.D + 8 * x.Ns);
-  const int64_t zero_temporaries = x.bf16_storage ? 2 + 2 : 4;
-  t.alloc(zero_temporaries + 4);
-  t.alloc(8 * x.N);
-  t.alloc(8);
-  t.free(8 * x.N + zero_temporaries);
+  loss_preparation(t, x);
   if (x.loss_chunks.empty()) {
     const int64_t logits = e * x.Ns * x.V;
     cross_entropy_forward(t, x, x.Ns);

@@ -278,8 +278,7 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   return finite;
 }
 
-// Every trained parameter has a gradient (zero_grad zeroes them in place, so after the first
-// backward that reached every module they stay allocated).
+// zero_grad zeroes the gradients in place, so once a backward has made a tower's they stay.
 memory::StepState Trainer::memory_state() const {
   // A backward creates the gradients of the towers it reaches (zero_grad keeps them): the
   // decoder's at the first one, the image path's at the first with crops, maybe later; AdamW

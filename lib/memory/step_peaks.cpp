@@ -136,8 +136,9 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBack
     forward.free(hidden + converted + (image_graph ? 0 : taken));
   }
   replay::language_forward(forward, x);
-  // A decoder stored in bf16 keeps an fp32 copy of its input, not the input: the LM input dies
-  // when the forward's statement ends.
+  // Nobody keeps the LM input of a decoder stored in bf16 (its norm keeps an fp32 copy) unless
+  // its first block is checkpointed, nor that of a step without a graph: it dies when the
+  // forward's statement ends.
   if ((x.bf16_storage && !x.checkpoint) || x.no_graph) forward.free(hidden);
   p.forward = forward.peak;
 

@@ -7,5 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${VLM_BUILD_JOBS:-$(nproc)}
 read -r -a targets <<< "${VLM_BUILD_TARGETS:-all}"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+# The configure step's output (LibTorch's CMake files warn about what a C++ build never uses:
+# kineto, CUDA architectures) goes to build/configure.log, shown in full when it fails.
+mkdir -p build
+if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" > build/configure.log 2>&1; then
+  cat build/configure.log >&2
+  echo "build: configuring failed (build/configure.log)" >&2
+  exit 1
+fi
+grep -h '^-- vlmtrain: LibTorch' build/configure.log || true
 cmake --build build -j "$jobs" --target "${targets[@]}"

@@ -45,12 +45,54 @@ if(VLM_FUZZ)
   return()
 endif()
 
-# LibTorch: Debian's 1.13.1 (CPU) by default; a CUDA 2.x one through -DCMAKE_PREFIX_PATH.
-find_package(Torch QUIET)
-if(NOT Torch_FOUND AND (CMAKE_PREFIX_PATH OR Torch_DIR))
-  find_package(Torch)  # again, aloud: a LibTorch was pointed at, so show why it did not load
+# LibTorch (docs/development.md, "Two LibTorch versions"):
+#   VLM_LIBTORCH=pinned  the 2.x of third_party/libtorch.txt that scripts/install-deps.sh puts
+#                        in .deps/libtorch/ (the default when it is there);
+#   VLM_LIBTORCH=system  Debian's 1.13.1 (CPU), kept for the memory model's byte-exact tests;
+#   VLM_LIBTORCH=path    whatever -DCMAKE_PREFIX_PATH or -DTorch_DIR points at (a GPU machine's).
+set(VLM_PINNED_TORCH_DIR "${PROJECT_SOURCE_DIR}/.deps/libtorch/torch/share/cmake/Torch")
+set(VLM_SYSTEM_TORCH_DIR "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/Torch")
+set(_vlm_libtorch_default system)
+if(CMAKE_PREFIX_PATH OR (Torch_DIR AND NOT Torch_DIR STREQUAL VLM_SYSTEM_TORCH_DIR
+                         AND NOT Torch_DIR STREQUAL VLM_PINNED_TORCH_DIR))
+  set(_vlm_libtorch_default path)
+elseif(EXISTS "${VLM_PINNED_TORCH_DIR}/TorchConfig.cmake")
+  set(_vlm_libtorch_default pinned)
 endif()
-vlm_require(Torch_FOUND "LibTorch" "libtorch-dev libgloo-dev libopenblas0-openmp")
+set(VLM_LIBTORCH ${_vlm_libtorch_default} CACHE STRING "Which LibTorch: pinned, system or path")
+set_property(CACHE VLM_LIBTORCH PROPERTY STRINGS pinned system path)
+if(VLM_LIBTORCH STREQUAL "pinned")
+  if(NOT EXISTS "${VLM_PINNED_TORCH_DIR}/TorchConfig.cmake")
+    message(FATAL_ERROR "vlmtrain: the pinned LibTorch is not installed in .deps/libtorch/ "
+                        "(run: bash scripts/install-deps.sh)")
+  endif()
+  # Its Caffe2 config needs the CUDA toolkit's headers and libraries (found from nvcc).
+  find_program(VLM_NVCC nvcc HINTS ENV CUDA_PATH ENV CUDAToolkit_ROOT PATH_SUFFIXES bin
+               PATHS /usr/local/cuda/bin)
+  if(NOT VLM_NVCC)
+    message(FATAL_ERROR "vlmtrain: the pinned LibTorch (.deps/libtorch/) is a CUDA build and "
+                        "needs the CUDA 13.0 toolkit (nvcc on the PATH, or CUDA_PATH); without "
+                        "one, build against Debian's 1.13: -DVLM_LIBTORCH=system")
+  endif()
+  # TorchConfig looks for Caffe2 and its libraries in the system's paths before its own folder,
+  # and Debian's 1.13 may live there: its folders are named first.
+  set(Torch_DIR "${VLM_PINNED_TORCH_DIR}" CACHE PATH "" FORCE)
+  set(Caffe2_DIR "${VLM_PINNED_TORCH_DIR}/../Caffe2" CACHE PATH "" FORCE)
+  set(_vlm_library_path ${CMAKE_LIBRARY_PATH})
+  list(PREPEND CMAKE_LIBRARY_PATH "${VLM_PINNED_TORCH_DIR}/../../../lib")
+  find_package(Torch REQUIRED)
+  set(CMAKE_LIBRARY_PATH ${_vlm_library_path})
+elseif(VLM_LIBTORCH STREQUAL "system")
+  set(Torch_DIR "${VLM_SYSTEM_TORCH_DIR}" CACHE PATH "" FORCE)
+  find_package(Torch QUIET)
+  vlm_require(Torch_FOUND "LibTorch" "libtorch-dev libgloo-dev libopenblas0-openmp")
+elseif(VLM_LIBTORCH STREQUAL "path")
+  find_package(Torch)  # aloud: a LibTorch was pointed at, so show why it did not load
+  vlm_require(Torch_FOUND "LibTorch" "libtorch-dev libgloo-dev libopenblas0-openmp")
+else()
+  message(FATAL_ERROR "vlmtrain: VLM_LIBTORCH is '${VLM_LIBTORCH}'; expected pinned, system "
+                      "or path")
+endif()
 # Torch's exported flags carry -D_GLIBCXX_USE_CXX11_ABI; keep them on torch targets only.
 set(VLM_TORCH_HAS_CUDA OFF)
 if(TARGET torch_cuda OR CUDA_FOUND OR TORCH_CUDA_LIBRARIES)

@@ -30,8 +30,8 @@ LoadedConfig load_config_and_logging(const GlobalOptions& global, bool config_re
 void log_start_banner(const GlobalOptions& global, const LoadedConfig& loaded) {
   char host[256] = "unknown";
   ::gethostname(host, sizeof host - 1);
-  spdlog::info("vlmtrain {} (git {}, {}, {}), LibTorch {}", VLM_VERSION, VLM_GIT_HASH,
-               VLM_BUILD_TYPE, VLM_COMPILER, runtime::torch_version());
+  spdlog::info("vlmtrain {} (git {}, {}, {}), {}", VLM_VERSION, VLM_GIT_HASH, VLM_BUILD_TYPE,
+               VLM_COMPILER, runtime::platform_summary());
   spdlog::info("host {} pid {}: {}", host, ::getpid(), global.command_line);
   spdlog::info("config {} (hash {})",
                loaded.source.empty() ? std::string("<defaults>") : loaded.source,

@@ -19,8 +19,7 @@ namespace {
 
 std::string version_text() {
   return std::string("vlmtrain ") + VLM_VERSION + " (git " + VLM_GIT_HASH + ", " + VLM_BUILD_TYPE +
-         ", " + VLM_COMPILER + ")\nLibTorch " + vlm::runtime::torch_version() +
-         ", CUDA: " + (vlm::runtime::cuda_available() ? "yes" : "no");
+         ", " + VLM_COMPILER + ")\n" + vlm::runtime::platform_summary();
 }
 
 int report(const vlm::Error& e) {

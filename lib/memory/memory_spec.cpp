@@ -13,9 +13,21 @@ ComputePrecision compute_precision(const std::string& name) {
   throw std::invalid_argument("unknown precision '" + name + "' (fp32, bf16, fp16)");
 }
 
+bool onednn_bf16_products() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // The compiler's CPU check, like cpuinfo's, also asks the OS whether it saves AVX-512 state.
+  static const bool here = __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return here;
+#else
+  return false;
+#endif
+}
+
 MemorySpec memory_spec(const spec::ModelSpec& dims, const ModelLevers& levers,
                        ComputePrecision precision) {
   MemorySpec s;
+  s.onednn_bf16 = onednn_bf16_products();
   s.dims = dims;
   s.levers = levers;
   s.precision = precision;

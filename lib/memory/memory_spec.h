@@ -37,11 +37,21 @@ struct MemorySpec {
   // oneDNN's bf16 products book a scratchpad per thread. 0 here: the step runs on a GPU, where
   // neither CPU term exists.
   int64_t threads = 1;
+  // Whether LibTorch runs a bf16 matrix product on this CPU in oneDNN (onednn_bf16_products),
+  // which copies strided operands and books a scratchpad (memory/replay.h), or in ATen's own
+  // gemm, which allocates neither. Only bf16 products on the CPU read it.
+  bool onednn_bf16 = true;
   // Data-parallel ranks. From 2 on, the gradients are all-reduced after the last backward, in
   // flattened buckets (memory/step_peaks.h allreduce_peak), and the communicator holds its
   // buffers: a 4-byte flag for the OOM agreement and 64 doubles for metrics (516 bytes).
   int64_t ranks = 1;
 };
+
+// Whether LibTorch 1.13 runs bf16 matrix products on this CPU in oneDNN: as its
+// mkldnn_bf16_device_check, a CPU (and OS) with AVX-512 BW, VL and DQ; an AVX2-only CPU runs
+// them in ATen's gemm. The scratchpad the replay books is oneDNN's brgemm matmul for
+// avx512_core_bf16 (memory/onednn_scratch.cpp).
+bool onednn_bf16_products();
 
 // The spec of a config's run (model.*, train.precision, train.lr.*).
 MemorySpec memory_spec(const Config& config);

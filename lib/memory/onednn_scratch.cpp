@@ -127,11 +127,15 @@ int64_t compute_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K, in
 
 }  // namespace
 
-int64_t bf16_matmul_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K, int64_t N,
-                            bool a_transposed, bool b_transposed) {
-  if (M <= 0 || K <= 0 || N <= 0 || threads <= 0) return 0;
+bool onednn_bf16_product(bool onednn, int64_t batch, int64_t M, int64_t K, int64_t N) {
   // Below 16^3 multiply-adds ATen runs the product natively (mkldnn_gemm_min_size).
-  if (std::max<int64_t>(batch, 1) * M * K * N <= 16 * 16 * 16) return 0;
+  return onednn && std::max<int64_t>(batch, 1) * M * K * N > 16 * 16 * 16;
+}
+
+int64_t bf16_matmul_scratch(bool onednn, int64_t threads, int64_t batch, int64_t M, int64_t K,
+                            int64_t N, bool a_transposed, bool b_transposed) {
+  if (M <= 0 || K <= 0 || N <= 0 || threads <= 0) return 0;
+  if (!onednn_bf16_product(onednn, batch, M, K, N)) return 0;
   thread_local std::unordered_map<ShapeKey, int64_t, ShapeHash> known;
   const ShapeKey key{threads, batch, M, K, N, a_transposed, b_transposed};
   const auto it = known.find(key);

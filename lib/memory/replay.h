@@ -74,6 +74,7 @@ struct Lm {
   std::vector<int64_t> loss_chunks;
   bool bf16 = false;     // train.precision bf16: autocast (replay_language_bf16.cpp)
   int64_t threads = 1;   // intra-op threads (oneDNN's per-thread scratchpads)
+  bool onednn_bf16 = true;  // bf16 products run in oneDNN (memory_spec.h)
   // The decoder frozen in model.frozen_dtype bf16: it computes in bf16 in either precision
   // (replay_language_bf16.cpp), with no cast of its weights or of its bf16 activations.
   bool bf16_storage = false;
@@ -90,6 +91,7 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& shape);
 struct Vit {
   int64_t crops, chunk, P, d, m, h, Lv, patch_values, I, Dp, D, threads;
   bool shuffle_copies;
+  bool onednn_bf16;  // bf16 products run in oneDNN (memory_spec.h)
   bool checkpoint;  // model.checkpoint_vision: every block checkpointed
   bool vision_trained, projector_trained;
   bool bf16 = false;  // train.precision bf16: autocast (replay_vision_bf16.cpp)
@@ -102,9 +104,13 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
 // The scratchpad oneDNN allocates, through LibTorch's allocator, for the duration of one bf16
 // matrix product on the CPU (onednn_scratch.cpp): `batch` products (0: one 2-D mm, as a linear
 // folds its input to) of [M, K] x [K, N]; `a_transposed`, `b_transposed`: the operand is a
-// transposed view of a contiguous tensor. Zero when ATen runs the product natively.
-int64_t bf16_matmul_scratch(int64_t threads, int64_t batch, int64_t M, int64_t K, int64_t N,
-                            bool a_transposed, bool b_transposed);
+// transposed view of a contiguous tensor. Zero when ATen runs the product natively: on a CPU
+// without oneDNN's bf16 kernels (`onednn` false), or below their minimum size.
+int64_t bf16_matmul_scratch(bool onednn, int64_t threads, int64_t batch, int64_t M, int64_t K,
+                            int64_t N, bool a_transposed, bool b_transposed);
+// Whether ATen hands a bf16 product of `batch` (0: one 2-D mm) [M, K] x [K, N] to oneDNN: on
+// a CPU with its bf16 kernels, above 16^3 multiply-adds (1.13's use_mkldnn_bf16_matmul).
+bool onednn_bf16_product(bool onednn, int64_t batch, int64_t M, int64_t K, int64_t N);
 
 // --- language (replay_language.cpp) --------------------------------------------------------
 // segment_ids and the RoPE tables, before the blocks: cos and sin (4 N hd each) live on return.

@@ -9,23 +9,24 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
   const auto& l = spec.dims.language;
   const int64_t hd = spec::language_head_dim(l);
   Lm x{b.rows,
-            b.tokens(),
-            l.hidden_size,
-            l.num_kv_heads * hd,
-            l.mlp_size,
-            l.num_heads,
-            l.num_kv_heads,
-            hd,
-            l.num_layers,
-            spec::language_vocab_rows(l),
-            b.supervised_tokens,
-            l.tie_embeddings,
-            b.segment_lengths,
-            spec.levers.checkpoint_language,
-            !spec.language.trainable,
-            {},
-            spec.precision == ComputePrecision::kBf16,
-            spec.threads};
+       b.tokens(),
+       l.hidden_size,
+       l.num_kv_heads * hd,
+       l.mlp_size,
+       l.num_heads,
+       l.num_kv_heads,
+       hd,
+       l.num_layers,
+       spec::language_vocab_rows(l),
+       b.supervised_tokens,
+       l.tie_embeddings,
+       b.segment_lengths,
+       spec.levers.checkpoint_language,
+       !spec.language.trainable,
+       {},
+       spec.precision == ComputePrecision::kBf16,
+       spec.threads,
+       spec.onednn_bf16};
   x.bf16_storage = !spec.language.trainable && spec.language.parameter_bytes == 2;
   x.no_graph = !spec.language.trainable &&
                (b.crops == 0 || !(spec.vision.trainable || spec.projector.trainable));

@@ -29,7 +29,7 @@ void linear_forward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t 
   t.alloc(x.bf16_storage ? 0 : h * in * out);  // a bf16 weight is used as it is
   if (cast_input) t.alloc(h * rows * in);
   t.alloc(h * rows * out);
-  t.transient(bf16_matmul_scratch(x.threads, 0, rows, in, out, false, true));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, 0, rows, in, out, false, true));
   if (x.frozen && cast_input) t.free(h * rows * in);
 }
 
@@ -107,7 +107,7 @@ HeadLayout head_layout(const Lm& x, int64_t L) {
 void segment_forward(Timeline& t, const Lm& x, int64_t L) {
   const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
   const HeadLayout layout = head_layout(x, L);
-  const bool onednn = x.Hq * L * x.hd * L > 16 * 16 * 16;
+  const bool onednn = onednn_bf16_product(x.onednn_bf16, x.Hq, L, x.hd, L);
   t.alloc(L * L);  // ones
   t.alloc(L * L);  // tril (the causal mask, until the segment's end)
   t.free(L * L);
@@ -116,7 +116,7 @@ void segment_forward(Timeline& t, const Lm& x, int64_t L) {
   const int64_t qk_copies =
       onednn ? (layout.q_copied ? rows : 0) + (layout.kv_copied ? rows : 0) : 0;
   t.alloc(qk_copies);
-  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, x.hd, L, false, true));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, x.hd, L, false, true));
   t.free(qk_copies);
   // * scale: the wrapped scalar and its bf16 copy, the product; the unscaled scores die.
   t.transient(kWrappedScalar + h + scores);
@@ -132,7 +132,7 @@ void segment_forward(Timeline& t, const Lm& x, int64_t L) {
   // P v: the output (kept), v's copy, the scratchpad.
   const int64_t v_copy = onednn && layout.kv_copied ? rows : 0;
   t.alloc(rows + v_copy);
-  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, false, false));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, false, false));
   t.free(v_copy);
   t.free(scores + L * L);  // the masked scores, the causal mask
 }
@@ -163,7 +163,7 @@ void rotary_bf16_nograd(Timeline& t, const Lm& x, int64_t width) {
 void segment_forward_nograd(Timeline& t, const Lm& x, int64_t L) {
   const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
   const HeadLayout layout = head_layout(x, L);
-  const bool onednn = x.Hq * L * x.hd * L > 16 * 16 * 16;
+  const bool onednn = onednn_bf16_product(x.onednn_bf16, x.Hq, L, x.hd, L);
   t.alloc(L * L);
   t.alloc(L * L);
   t.free(L * L);
@@ -171,7 +171,7 @@ void segment_forward_nograd(Timeline& t, const Lm& x, int64_t L) {
   const int64_t qk_copies =
       onednn ? (layout.q_copied ? rows : 0) + (layout.kv_copied ? rows : 0) : 0;
   t.alloc(qk_copies);
-  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, x.hd, L, false, true));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, x.hd, L, false, true));
   t.free(qk_copies);
   t.transient(kWrappedScalar + h + scores);
   t.alloc(scores);
@@ -184,7 +184,7 @@ void segment_forward_nograd(Timeline& t, const Lm& x, int64_t L) {
   t.free(2 * scores);       // the fp32 probabilities
   const int64_t v_copy = onednn && layout.kv_copied ? rows : 0;
   t.alloc(rows + v_copy);
-  t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, false, false));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, false, false));
   t.free(v_copy);
   t.free(2 * scores + L * L);  // the bf16 probabilities, the masked scores, the causal mask
 }
@@ -239,7 +239,7 @@ void cross_entropy_forward(Timeline& t, const Lm& x, int64_t rows, bool graph = 
   const int64_t logits = e * rows * x.V,
                 copies = x.bf16_storage ? 0 : h * x.V * x.D + h * rows * x.D;
   t.alloc(copies + logits / 2);
-  t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.D, x.V, false, true));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, 0, rows, x.D, x.V, false, true));
   if (!graph) t.free(copies);
   if (graph && x.frozen && copies > 0) t.free(h * rows * x.D);  // a frozen head needs no rows' copy
   t.alloc(logits);
@@ -267,10 +267,10 @@ void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targ
   t.free(logits);
   if (!x.frozen) {
     t.alloc(head / 2);
-    t.transient(bf16_matmul_scratch(x.threads, 0, x.V, rows, x.D, true, false));
+    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, 0, x.V, rows, x.D, true, false));
   }
   t.alloc(grad_rows / 2);
-  t.transient(bf16_matmul_scratch(x.threads, 0, rows, x.V, x.D, false, false));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, 0, rows, x.V, x.D, false, false));
   t.free(logits / 2 + (x.frozen ? 0 : grad_rows / 2) + (x.bf16_storage ? 0 : head / 2));
   if (x.bf16_storage) return;  // the rows were bf16: their gradient stays bf16
   t.alloc(grad_rows);
@@ -380,10 +380,10 @@ void linear_backward(Timeline& t, const Lm& x, int64_t rows, int64_t in, int64_t
                      bool frees_grad = true) {
   if (!x.frozen) {
     t.alloc(h * in * out);
-    t.transient(bf16_matmul_scratch(x.threads, 0, out, rows, in, true, false));
+    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, 0, out, rows, in, true, false));
   }
   t.alloc(h * rows * in);
-  t.transient(bf16_matmul_scratch(x.threads, 0, rows, out, in, false, false));
+  t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, 0, rows, out, in, false, false));
   t.free((frees_grad ? h * rows * out : 0) + (x.frozen ? 0 : h * rows * in) +
          (x.bf16_storage ? 0 : h * in * out));
 }
@@ -428,16 +428,16 @@ void attention_backward_bf16(Timeline& t, const Lm& x) {
     const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
     const bool first_processed = j + 1 == x.segments.size(), last_processed = j == 0;
     const HeadLayout layout = head_layout(x, L);
-    const bool onednn = x.Hq * L * x.hd * L > 16 * 16 * 16;
+    const bool onednn = onednn_bf16_product(x.onednn_bf16, x.Hq, L, x.hd, L);
     // dO, a per-head view of dC, is strided like q.
     const int64_t o_copy = onednn && layout.q_copied ? rows : 0;
     const int64_t q_copy = o_copy, kv_copy = onednn && layout.kv_copied ? rows : 0;
     // P v's BmmBackward0: v's gradient (P^T dO), then P's (dO v^T).
     t.alloc(o_copy + rows);
-    t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, true, false));
+    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, true, false));
     t.free(o_copy);
     t.alloc(scores + o_copy + kv_copy);
-    t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, x.hd, L, false, true));
+    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, x.hd, L, false, true));
     t.free(o_copy + kv_copy);
     if (last_processed) t.free(hidden);  // dC
     t.free(scores);                      // the kept bf16 probabilities
@@ -460,10 +460,11 @@ void attention_backward_bf16(Timeline& t, const Lm& x) {
     // segment, q's and k's storages.
     t.alloc(q_copy + rows);
     // q^T is a transposed view unless q was copied (then the copy is made contiguous as q^T).
-    t.transient(bf16_matmul_scratch(x.threads, x.Hq, x.hd, L, L, q_copy == 0, false));
+    t.transient(
+        bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, x.hd, L, L, q_copy == 0, false));
     t.free(q_copy);
     t.alloc(kv_copy + rows);
-    t.transient(bf16_matmul_scratch(x.threads, x.Hq, L, L, x.hd, false, false));
+    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, false, false));
     t.free(kv_copy);
     t.free(scores);
     if (last_processed) t.free(hidden + kv_storage);

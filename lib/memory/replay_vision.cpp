@@ -20,24 +20,14 @@ std::vector<int64_t> Vit::chunks() const {
 Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
   const auto& v = spec.dims.vision;
   const int64_t s = spec.dims.projector.pixel_shuffle;
-  return Vit{b.crops,
-             spec.levers.vision_chunk_crops,
-             spec::patches_per_crop(v),
-             v.hidden_size,
-             v.mlp_size,
-             v.num_heads,
-             v.num_layers,
-             3 * v.patch_size * v.patch_size,
-             spec::image_tokens_per_crop(spec.dims),
-             v.hidden_size * s * s,
-             spec.dims.language.hidden_size,
-             spec.threads,
+  return Vit{b.crops, spec.levers.vision_chunk_crops, spec::patches_per_crop(v), v.hidden_size,
+             v.mlp_size, v.num_heads, v.num_layers, 3 * v.patch_size * v.patch_size,
+             spec::image_tokens_per_crop(spec.dims), v.hidden_size * s * s,
+             spec.dims.language.hidden_size, spec.threads,
              // The shuffle's permute moves data only when both the factor and the output grid
              // exceed 1.
-             s > 1 && spec::image_tokens_per_crop(spec.dims) > 1,
-             spec.levers.checkpoint_vision,
-             spec.vision.trainable,
-             spec.projector.trainable,
+             s > 1 && spec::image_tokens_per_crop(spec.dims) > 1, spec.onednn_bf16,
+             spec.levers.checkpoint_vision, spec.vision.trainable, spec.projector.trainable,
              spec.precision == ComputePrecision::kBf16,
              !spec.vision.trainable && spec.vision.parameter_bytes == 2,
              !spec.projector.trainable && spec.projector.parameter_bytes == 2};

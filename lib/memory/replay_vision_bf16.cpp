@@ -22,7 +22,7 @@ void linear_forward(Timeline& t, const Vit& v, int64_t rows, int64_t in, int64_t
                     bool cast_input, bool graph = true) {
   const int64_t copies = h * in * out + (cast_input ? h * rows * in : 0);
   t.alloc(copies + h * rows * out);
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, in, out, false, true));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, in, out, false, true));
   if (!graph) t.free(copies);
   t.transient(2 * e * rows * out);
 }
@@ -37,9 +37,9 @@ void linear_backward(Timeline& t, const Vit& v, int64_t rows, int64_t in, int64_
   t.free(h * out);
   accumulate(t, e * out, sink);
   t.alloc(h * in * out);
-  t.transient(bf16_matmul_scratch(v.threads, 0, out, rows, in, true, false));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, out, rows, in, true, false));
   t.alloc(h * rows * in);
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, out, in, false, false));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, out, in, false, false));
   t.free(h * rows * out + h * rows * in + h * in * out);
   if (cast_input) {
     t.alloc(e * rows * in);
@@ -67,7 +67,8 @@ struct Heads {
 };
 Heads heads_of(const Vit& v, const Chunk& c) {
   const int64_t hd = v.d / v.h;
-  return {c.n > 1 && v.h > 1, c.n * v.h * v.P * hd * v.P > 16 * 16 * 16, c.X / 2, c.n * v.h};
+  return {c.n > 1 && v.h > 1, onednn_bf16_product(v.onednn_bf16, c.n * v.h, v.P, hd, v.P), c.X / 2,
+          c.n * v.h};
 }
 
 // A ViT linear without a graph.
@@ -89,7 +90,8 @@ void block_forward_nograd(Timeline& t, const Vit& v, const Chunk& c) {
   if (a.copies) t.alloc(2 * a.rows);
   t.alloc(scores);
   const int64_t call_copies = a.onednn && !a.copies ? 2 * a.rows : 0;
-  t.transient(call_copies + bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+  t.transient(call_copies +
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, hd, v.P, false, true));
   if (a.copies) t.free(2 * a.rows);
   t.transient(kWrappedScalar + h + scores);
   t.alloc(scores);
@@ -101,7 +103,7 @@ void block_forward_nograd(Timeline& t, const Vit& v, const Chunk& c) {
   if (a.copies) t.alloc(a.rows);
   t.alloc(a.rows);
   t.transient((a.onednn && !a.copies ? a.rows : 0) +
-              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, v.P, hd, false, false));
   if (a.copies) t.free(a.rows);
   t.free(2 * scores);  // the scaled scores and the bf16 probabilities
   if (context_copy) t.alloc(a.rows);
@@ -128,11 +130,12 @@ void frozen_bf16_block(Timeline& t, const Vit& v, const Chunk& c) {
   t.alloc(X + c.S);  // ln1: Y1 and its two bf16 statistics
   t.free(c.S);
   t.alloc(3 * X);  // qkv
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.d, 3 * v.d, false, true));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, v.d, 3 * v.d, false, true));
   if (a.copies) t.alloc(2 * a.rows);
   t.alloc(scores);
   const int64_t call_copies = a.onednn && !a.copies ? 2 * a.rows : 0;
-  t.transient(call_copies + bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+  t.transient(call_copies +
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, hd, v.P, false, true));
   if (a.copies) t.free(2 * a.rows);
   t.transient(kWrappedScalar + h + scores);
   t.alloc(scores);
@@ -144,21 +147,21 @@ void frozen_bf16_block(Timeline& t, const Vit& v, const Chunk& c) {
   if (a.copies) t.alloc(a.rows);
   t.alloc(a.rows);
   t.transient((a.onednn && !a.copies ? a.rows : 0) +
-              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, v.P, hd, false, false));
   if (a.copies) t.free(a.rows);
   t.free(2 * scores);
   if (context_copy) t.alloc(a.rows);
   t.alloc(X);  // out_proj
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.d, v.d, false, true));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, v.d, v.d, false, true));
   t.free((context_copy ? a.rows : 0) + a.rows + 3 * a.rows);  // the context, attended, qkv
   t.alloc(X);      // h = x + o
   t.free(2 * X);   // o, Y1
   t.alloc(X + c.S);  // ln2
   t.free(c.S);
   t.alloc(M);  // fc1
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.d, v.m, false, true));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, v.d, v.m, false, true));
   t.alloc(M + X);  // GELU, fc2
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.m, v.d, false, true));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, v.m, v.d, false, true));
   t.free(2 * M);
   t.alloc(X);      // out = h + fc2
   t.free(3 * X);   // fc2, Y2, h
@@ -176,7 +179,8 @@ void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
   if (a.copies) t.alloc(2 * a.rows);
   t.alloc(scores);
   const int64_t call_copies = a.onednn && !a.copies ? 2 * a.rows : 0;
-  t.transient(call_copies + bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+  t.transient(call_copies +
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, hd, v.P, false, true));
   // `* scale`: the wrapped scalar and its bf16 copy beside the product; the unscaled scores
   // die.
   t.transient(kWrappedScalar + h + scores);
@@ -192,7 +196,7 @@ void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
   if (a.copies) t.alloc(a.rows);
   t.alloc(a.rows);
   t.transient((a.onednn && !a.copies ? a.rows : 0) +
-              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, v.P, hd, false, false));
   t.free(scores);
   if (context_copy) t.alloc(a.rows);  // the context (kept by out_proj)
   linear_forward(t, v, rows, v.d, v.d, false);
@@ -240,10 +244,10 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
   const bool o_strided = !a.copies && v.h > 1;
   t.alloc(a.rows);
   t.transient((a.onednn && o_strided ? a.rows : 0) +
-              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, true, false));
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, v.P, hd, true, false));
   t.alloc(scores);
   t.transient((a.onednn ? (o_strided ? a.rows : 0) + (a.copies ? 0 : a.rows) : 0) +
-              bf16_matmul_scratch(v.threads, a.batch, v.P, hd, v.P, false, true));
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, hd, v.P, false, true));
   t.free(a.rows + scores + (a.copies ? a.rows : 0));
   // The probabilities' ToCopyBackward0 (to fp32), SoftmaxBackward0, the softmax input's
   // ToCopyBackward0 (to bf16); the kept fp32 probabilities die.
@@ -258,11 +262,12 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
   // q k^T's backward: k^T's gradient (q^T dS), then q's (dS k); then dS and the copies of q and
   // k^T (or qkv, which the views kept) die.
   t.alloc(a.rows);
-  t.transient((a.onednn && !a.copies ? a.rows : 0) +
-              bf16_matmul_scratch(v.threads, a.batch, hd, v.P, v.P, a.copies, false));
+  t.transient((a.onednn && !a.copies ? a.rows : 0) + bf16_matmul_scratch(v.onednn_bf16, v.threads,
+                                                                         a.batch, hd, v.P, v.P,
+                                                                         a.copies, false));
   t.alloc(a.rows);
   t.transient((a.onednn && !a.copies ? a.rows : 0) +
-              bf16_matmul_scratch(v.threads, a.batch, v.P, v.P, hd, false, false));
+              bf16_matmul_scratch(v.onednn_bf16, v.threads, a.batch, v.P, v.P, hd, false, false));
   t.free(scores + (a.copies ? 2 * a.rows : 3 * a.rows));
   // The head views' backward: two of the three gradients are copied back to [n, P, d] when
   // h > 1; SplitBackward0 concatenates the three into qkv's bf16 gradient.
@@ -312,7 +317,7 @@ void project(Timeline& t, const Vit& v, const Chunk& c) {
   const int64_t weight = h * v.Dp * v.D, images = h * c.n * v.I * v.D;
   if (v.shuffle_copies) t.alloc(c.X);
   t.alloc(weight + c.X / 2 + images);
-  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
   t.free((v.vision_trained ? 0 : weight) + (v.projector_trained ? 0 : c.X / 2));
   t.free(c.X + (v.shuffle_copies ? c.X : 0));
 }
@@ -337,14 +342,18 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   }
   // Patch embedding: the patches (fp32, a contiguous copy), the kernel's copy, the patches'
   // (kept by a trained ViT), the bf16 output and the scratchpad; the kernel's copy dies at once
-  // (the patches need no gradient); the bias added in place; `+ positions` converts the output
-  // to fp32 beside the sum. At the statement's end the bf16 output and the fp32 patches die.
+  // (the patches need no gradient), and without a graph the patches' copy with it, before the
+  // bias is added in place (as every product's copies in a frozen block); `+ positions`
+  // converts the output to fp32 beside the sum. At the statement's end the bf16 output and the
+  // fp32 patches die. (On a CPU with oneDNN's bf16 kernels the scratchpad's moment hid the
+  // frozen ViT's bias-add moment; an AVX2-only CPU, with no scratchpad, showed it.)
   t.alloc(patches + kernel + patches / 2 + c.X / 2);
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.patch_values, v.d, false, true));
-  t.free(kernel);
+  t.transient(
+      bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, v.patch_values, v.d, false, true));
+  t.free(kernel + (v.vision_trained ? 0 : patches / 2));
   t.transient(2 * c.X);
   t.alloc(2 * c.X);
-  t.free(c.X + c.X / 2 + patches + (v.vision_trained ? 0 : patches / 2));
+  t.free(c.X + c.X / 2 + patches);
   t.repeat(v.Lv, [&](Timeline& block) {
     if (!v.vision_trained) {
       block_forward_nograd(block, v, c);
@@ -389,11 +398,13 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
     const int64_t weight = h * v.Dp * v.D;
     if (v.projector_trained) {
       t.alloc(weight);
-      t.transient(bf16_matmul_scratch(v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
+      t.transient(
+          bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
     }
     if (v.vision_trained) {
       t.alloc(c.X / 2);
-      t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
+      t.transient(
+          bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
     }
     t.free((last ? image_gradient : 0) + (v.projector_trained ? c.X / 2 : 0) +
            (v.vision_trained ? weight : 0));
@@ -443,7 +454,8 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   accumulate(t, e * v.d, sink);
   const int64_t kernel = h * v.d * v.patch_values;
   t.alloc(kernel);
-  t.transient(bf16_matmul_scratch(v.threads, 0, v.d, rows, v.patch_values, true, false));
+  t.transient(
+      bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, v.d, rows, v.patch_values, true, false));
   t.free(c.X / 2 + h * rows * v.patch_values);
   t.alloc(2 * kernel);
   t.free(kernel);
@@ -458,7 +470,8 @@ void frozen_bf16_vit_forward(Timeline& t, const Vit& v, const Chunk& c) {
   // Patch embedding: the patches (a contiguous copy), the product and its scratchpad, the
   // bias in place, `+ positions`; the product and the patches die.
   t.alloc(patches + X);
-  t.transient(bf16_matmul_scratch(v.threads, 0, rows, v.patch_values, v.d, false, true));
+  t.transient(
+      bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, v.patch_values, v.d, false, true));
   t.alloc(X);
   t.free(X + patches);
   t.repeat(v.Lv, [&](Timeline& block) {
@@ -474,7 +487,7 @@ void project_bf16_storage(Timeline& t, const Vit& v, const Chunk& c, bool featur
   const int64_t copies = (features_fp32 ? c.X / 2 : 0) + (v.shuffle_copies ? c.X / 2 : 0);
   t.alloc(copies);                       // .to(bf16), the shuffle's reshape
   t.alloc(h * c.n * v.I * v.D);          // the output
-  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, c.n * v.I, v.Dp, v.D, false, true));
   t.free(copies);
 }
 
@@ -484,7 +497,7 @@ void project_backward_bf16_storage(Timeline& t, const Vit& v, const Chunk& c,
   // gradient dies with the last chunk; the shuffle's reshape copies the permuted gradient; the
   // features' ToCopyBackward0 converts it to fp32.
   t.alloc(c.X / 2);
-  t.transient(bf16_matmul_scratch(v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
+  t.transient(bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
   if (last) t.free(image_gradient);
   if (v.shuffle_copies) {
     t.alloc(c.X / 2);

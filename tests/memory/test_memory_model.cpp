@@ -132,16 +132,18 @@ TEST_CASE("saved activations: at 512 px a bf16 ViT block keeps more than an fp32
 TEST_CASE("step peaks: a spec for a GPU (threads 0) counts none of the CPU's own terms") {
   // oneDNN's per-call scratchpad of a bf16 product (K = 64: the batch list, 2 blocks of B and
   // 2 x 128 B of padding on one thread), and none without CPU threads.
-  CHECK(vlm::memory::replay::bf16_matmul_scratch(1, 0, 64, 64, 64, false, true) ==
-        256 + 512 + 2 * 4096);
-  CHECK(vlm::memory::replay::bf16_matmul_scratch(2, 0, 64, 64, 64, false, true) ==
-        256 + 2 * (512 + 2 * 4096));
-  CHECK(vlm::memory::replay::bf16_matmul_scratch(0, 0, 64, 64, 64, false, true) == 0);
-  // Below 16^3 multiply-adds ATen multiplies natively.
-  CHECK(vlm::memory::replay::bf16_matmul_scratch(1, 0, 16, 16, 16, false, true) == 0);
+  using vlm::memory::replay::bf16_matmul_scratch;
+  CHECK(bf16_matmul_scratch(true, 1, 0, 64, 64, 64, false, true) == 256 + 512 + 2 * 4096);
+  CHECK(bf16_matmul_scratch(true, 2, 0, 64, 64, 64, false, true) == 256 + 2 * (512 + 2 * 4096));
+  CHECK(bf16_matmul_scratch(true, 0, 0, 64, 64, 64, false, true) == 0);
+  // Below 16^3 multiply-adds ATen multiplies natively, and on a CPU without oneDNN's bf16
+  // kernels (AVX-512 BW, VL, DQ) always.
+  CHECK(bf16_matmul_scratch(true, 1, 0, 16, 16, 16, false, true) == 0);
+  CHECK(bf16_matmul_scratch(false, 1, 0, 64, 64, 64, false, true) == 0);
   auto spec = vlm::memory::memory_spec(vlm::spec::preset("tiny"), vlm::ModelLevers{},
                                        vlm::memory::ComputePrecision::kBf16);
   const auto shape = vlm::memory::BatchShape::from_segments(1, 64, {40, 24}, 0, 10);
+  spec.onednn_bf16 = true;  // the replay's arithmetic, whatever CPU runs the test
   spec.threads = 1;
   const auto cpu = vlm::memory::step_peaks(spec, shape, true);
   spec.threads = 0;

@@ -185,7 +185,9 @@ void trained_decoder(ModelLevers& levers) { levers.freeze_language = false; }
 
 }  // namespace
 
-CATCH_TEST_CASE("memory model: step peaks of fp32 text steps, first and steady, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: step peaks of fp32 text steps, first and steady, to the byte (LibTorch 1.13)",
+    "[libtorch1.13]") {
   // The image path frozen: a trained one would be stepped by AdamW in the steady state only
   // after a step with crops has given its parameters gradients.
   sweep(41, 100, /*max_crops=*/0, [](ModelLevers& levers) {
@@ -194,7 +196,10 @@ CATCH_TEST_CASE("memory model: step peaks of fp32 text steps, first and steady, 
   });
 }
 
-CATCH_TEST_CASE("memory model: step peaks of fp32 steps with crops, first and steady, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: step peaks of fp32 steps with crops, first and steady, to the byte (LibTorch "
+    "1.13)",
+    "[libtorch1.13]") {
   // Any module trained or frozen (in fp32 or bf16 storage), never all three.
   sweep(47, 100, /*max_crops=*/8, [](ModelLevers&) {});
 }
@@ -352,7 +357,9 @@ void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust
 
 }  // namespace
 
-CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: the image path's own peaks, forward and backward, to the byte (LibTorch 1.13)",
+    "[libtorch1.13]") {
   image_path(53, memory::ComputePrecision::kFp32, [](ModelLevers& levers) {
     // One of the two may be frozen (with both frozen nothing has a gradient), in fp32 or bf16
     // storage.
@@ -360,14 +367,19 @@ CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward,
   });
 }
 
-CATCH_TEST_CASE("memory model: the image path's own peaks under bf16 autocast, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: the image path's own peaks under bf16 autocast, to the byte (LibTorch 1.13)",
+    "[libtorch1.13]") {
   image_path(67, memory::ComputePrecision::kBf16, [](ModelLevers& levers) {
     // One of the two may be frozen, in fp32 or bf16 storage.
     if (levers.freeze_vision) levers.freeze_projector = false;
   });
 }
 
-CATCH_TEST_CASE("memory model: step peaks of bf16 autocast text steps, first and steady, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: step peaks of bf16 autocast text steps, first and steady, to the byte (LibTorch "
+    "1.13)",
+    "[libtorch1.13]") {
   // A trained decoder (the replayed bf16 subset), checkpointed or not, the loss chunked or not;
   // the oneDNN scratchpad of every bf16 product is in the replay (memory/replay.h).
   sweep(59, 100, /*max_crops=*/0, [](ModelLevers& levers) {
@@ -376,7 +388,10 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast text steps, first and
   }, memory::ComputePrecision::kBf16);
 }
 
-CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps with crops, first and steady, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: step peaks of bf16 autocast steps with crops, first and steady, to the byte "
+    "(LibTorch 1.13)",
+    "[libtorch1.13]") {
   // A trained decoder, the ViT or the projector frozen at times (fp32 or bf16 storage); either
   // tower checkpointed or not, the ViT and the loss chunked or not.
   sweep(61, 100, /*max_crops=*/8, [](ModelLevers& levers) {
@@ -384,7 +399,10 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps with crops, fir
   }, memory::ComputePrecision::kBf16);
 }
 
-CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps through a frozen decoder, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: step peaks of bf16 autocast steps through a frozen decoder, to the byte "
+    "(LibTorch 1.13)",
+    "[libtorch1.13]") {
   // The decoder frozen (fp32 storage), checkpointed or not, the loss chunked or not; a trained
   // ViT or projector before it, so that a gradient flows through it.
   sweep(71, 100, /*max_crops=*/8, [](ModelLevers& levers) {
@@ -394,7 +412,10 @@ CATCH_TEST_CASE("memory model: step peaks of bf16 autocast steps through a froze
   }, memory::ComputePrecision::kBf16);
 }
 
-CATCH_TEST_CASE("memory model: step peaks through a decoder frozen in bf16 storage, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: step peaks through a decoder frozen in bf16 storage, to the byte (LibTorch "
+    "1.13)",
+    "[libtorch1.13]") {
   // LLaVA's first stage with model.frozen_dtype bf16: the decoder frozen and stored in bf16
   // (it computes in bf16 in either precision), a trained ViT or projector before it; the ViT
   // frozen in bf16 storage at times; either tower checkpointed or not, the ViT and the loss

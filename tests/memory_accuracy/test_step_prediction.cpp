@@ -58,8 +58,10 @@ int64_t run_step(model::VisionLanguageModel& model, train::GroupedAdamW& optimiz
 
 }  // namespace
 
-CATCH_TEST_CASE("memory model: whole steps as a run meets them, the image path's gradients coming "
-                "later and a resumed process included, to the byte") {
+CATCH_TEST_CASE(
+    "memory model: whole steps as a run meets them, the image path's gradients coming "
+    "later and a resumed process included, to the byte (LibTorch 1.13)",
+    "[libtorch1.13]") {
   std::mt19937_64 rng(83);
   auto& tracker = runtime::install_cpu_tracking_allocator();
   int configs = 0, exact = 0, compared = 0;

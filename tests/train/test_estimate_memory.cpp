@@ -64,8 +64,10 @@ void train(const fs::path& out, const std::string& flags, int steps) {
 
 }  // namespace
 
-CATCH_TEST_CASE("estimate-memory: the worst case is never below a measured step peak of the "
-                "demo data, fp32 and bf16") {
+CATCH_TEST_CASE(
+    "estimate-memory: the worst case is never below a measured step peak of the "
+    "demo data, fp32 and bf16 (LibTorch 1.13)",
+    "[libtorch1.13]") {
   for (const std::string variant : {"", "--set train.precision=bf16 --set train.batch_size=3"}) {
     CATCH_INFO("variant: " << variant);
     const std::string flags = demo_flags(variant);
@@ -89,8 +91,10 @@ CATCH_TEST_CASE("estimate-memory: the worst case is never below a measured step 
   }
 }
 
-CATCH_TEST_CASE("estimate-memory: the first recommendation for a budget below the worst case "
-                "trains 20 steps within that budget, without an OOM") {
+CATCH_TEST_CASE(
+    "estimate-memory: the first recommendation for a budget below the worst case "
+    "trains 20 steps within that budget, without an OOM (LibTorch 1.13)",
+    "[libtorch1.13]") {
   const std::string flags = demo_flags("");
   const int64_t worst = estimate(flags + " --budget 64GiB")["peak_bytes"].get<int64_t>();
   const int64_t budget = worst * 3 / 4;
@@ -180,8 +184,10 @@ CATCH_TEST_CASE("estimate-memory uses memory.calibration's entry for the target 
               std::string::npos);
 }
 
-CATCH_TEST_CASE("estimate-memory with batch_size auto: the typical micro-batches are sized by the "
-                "target's budget") {
+CATCH_TEST_CASE(
+    "estimate-memory with batch_size auto: the typical micro-batches are sized by the "
+    "target's budget (LibTorch 1.13)",
+    "[libtorch1.13]") {
   const std::string flags =
       demo_flags("--set train.batch_size=auto --set train.global_batch_size=8 --data");
   const json worst = estimate(flags + " --budget 64GiB");

@@ -11,6 +11,7 @@
 // "packed" rows (two samples in a row) and two micro-batches show the deliberate differences.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -247,14 +248,25 @@ Result run(Case& c, const VlmBatch& batch, const std::string& precision) {
 
 // The bf16 reference was recorded where a bf16 matmul on the CPU sums its products in fp32 and
 // rounds once (oneDNN's bf16 kernels; LibTorch 2.x's own gemm, whose accumulator is fp32 on
-// every CPU). LibTorch 1.13's fallback gemm on CPUs without AVX-512 (an AVX2-only AMD EPYC, for
-// one) rounds its partial sums to bf16, which moves the tiny case's bf16 gradients by up to
-// 4e-2, beyond the bounds, in a correct model. Which kind of kernel runs is measured here, not
+// every CPU). LibTorch 1.13's own gemm, which it runs on CPUs without AVX-512 (an AVX2-only AMD
+// EPYC, for one), sums into its bf16 output when neither operand is transposed (as a linear's
+// input gradient, g W, is computed), which moves the tiny case's bf16 gradients by up to 4e-2,
+// beyond the bounds, in a correct model. Which kind of kernel runs is measured here, not
 // assumed: 4096 products 1 x 1 sum to 4096 in fp32 (exact in bf16 too), while a running bf16
-// sum stops at 256 (256 + 1 rounds back to 256). Returns the sum the kernel gives.
+// sum stops at 256 (256 + 1 rounds back to 256). Each operand layout a linear's forward and
+// backward uses (plain, the left transposed, the right transposed) is tried; returns the
+// smallest sum.
 double bf16_ones_dot_product() {
-  const torch::Tensor ones = torch::ones({8, 4096}, torch::kBFloat16);
-  return torch::matmul(ones, ones.t())[0][0].item<double>();
+  constexpr int64_t k = 4096;
+  const torch::Tensor plain_a = torch::ones({8, k}, torch::kBFloat16);
+  const torch::Tensor plain_b = torch::ones({k, 8}, torch::kBFloat16);
+  double smallest = k;
+  for (const torch::Tensor& product :
+       {torch::matmul(plain_a, plain_b), torch::matmul(plain_b.t(), plain_b),
+        torch::matmul(plain_a, plain_a.t())}) {
+    smallest = std::min(smallest, product[0][0].item<double>());
+  }
+  return smallest;
 }
 
 int compare(Case& c, const Options& o) {

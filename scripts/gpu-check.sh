@@ -9,6 +9,14 @@
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--report FILE] [--work DIR] [--no-build]
 #                        [--no-ctest] [--only CHECKS] [--presets LIST] [--nanovlm PATH]
+#                        [--record DIR] [--target TARGET] [--throughput-steps N]
+#
+# --record DIR, the recording mode: the `record` check runs the recording matrix (tiny, 222M
+# and 460M; fp32 and bf16; checkpointing, ViT and loss chunking, frozen towers, several batch
+# shapes) with the allocator's trace of every step (output.memory_trace_steps) into
+# DIR/memory-traces.tar, and the throughput check profiles its last steps into
+# DIR/profiles.tar (docs/gpu.md, "Recording"). --only names checks in the order to run them.
+# --target builds one target (vlmtrain) instead of the whole tree.
 #
 # --nanovlm PATH (a nanoVLM checkout): the throughput check also times nanoVLM's own training
 # step on the same tokens and crops (bench/nanovlm_throughput.py) and reports the ratio.
@@ -21,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 build_dir=build-gpu report=gpu-check.json work=gpu-check-runs build=1 ctest=1 only="" presets=""
-nanovlm=""
+nanovlm="" record="" target="" throughput_steps=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
@@ -32,7 +40,10 @@ while [ $# -gt 0 ]; do
     --only) only=$2; shift 2 ;;
     --presets) presets=$2; shift 2 ;;
     --nanovlm) nanovlm=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --record) record=$2; shift 2 ;;
+    --target) target=$2; shift 2 ;;
+    --throughput-steps) throughput_steps=$2; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -55,7 +66,8 @@ if [ "$build" = 1 ]; then
   # shellcheck disable=SC2086  # VLM_CMAKE_ARGS is a list of flags
   if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_PREFIX_PATH="$prefix" ${VLM_CMAKE_ARGS:-} > "$work/configure.log" 2>&1 ||
-     ! cmake --build "$build_dir" -j "$(nproc)" > "$work/build.log" 2>&1; then
+     ! cmake --build "$build_dir" -j "$(nproc)" ${target:+--target "$target"} \
+         > "$work/build.log" 2>&1; then
     echo "gpu-check: the build failed; see $work/configure.log and $work/build.log" >&2
     grep -E -A3 'error:|CMake Error' "$work/configure.log" "$work/build.log" | head -40 >&2
     exit 4
@@ -86,6 +98,8 @@ args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --heade
 [ -n "$only" ] && args+=(--only "$only")
 [ -n "$presets" ] && args+=(--presets "$presets")
 [ -n "$nanovlm" ] && args+=(--nanovlm "$nanovlm")
+[ -n "$record" ] && args+=(--artifacts "$record")
+[ -n "$throughput_steps" ] && args+=(--throughput-steps "$throughput_steps")
 python3 scripts/gpu_check.py "${args[@]}"
 rc=$?
 if [ "$ctest" = 1 ] && [ "$ctest_rc" != 0 ] && [ "$rc" = 0 ]; then rc=4; fi

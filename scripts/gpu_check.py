@@ -16,6 +16,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,8 +45,8 @@ def nanovlm(preset):
 
 
 class Runner:
-    def __init__(self, vlmtrain, work, data):
-        self.vlmtrain, self.work, self.data = vlmtrain, work, data
+    def __init__(self, vlmtrain, work, data, device="cuda"):
+        self.vlmtrain, self.work, self.data, self.device = vlmtrain, work, data, device
 
     def train(self, name, config, overrides, env=None, expect_ok=True, resume=False):
         """Runs `vlmtrain train` in a fresh run dir (`resume`: continue the one there);
@@ -57,7 +58,7 @@ class Runner:
                 os.remove(out + ".log")
         args = [self.vlmtrain, "--no-color", "train", "--config", os.path.join(ROOT, config),
                 "--set", f"data.train=[{{path: {self.data}/train.jsonl}}]",
-                "--set", "train.device=cuda", "--set", f"output.dir={out}"]
+                "--set", f"train.device={self.device}", "--set", f"output.dir={out}"]
         for item in overrides:
             args += ["--set", item]
         started = time.time()
@@ -267,14 +268,128 @@ def check_resume(r):
     return {"max_weight_difference": diff, "steps_after_resume": len(steps)}
 
 
-def check_throughput(r, presets, steps, nanovlm_path):
+# The recording matrix (docs/gpu.md, "Recording"): each run records the allocator's trace of its
+# steps (output.memory_trace_steps) beside the measured peaks and the model's predictions.
+# (name, config, overrides, steps); no preflight and no byte cap, so every step runs as planned.
+def record_matrix():
+    tiny = TINY + ["train.preflight=false", "memory.device_memory=1TiB"]
+    big = lambda preset: nanovlm(preset) + ["train.batch_size=1", "train.preflight=false",
+                                            "memory.device_memory=1TiB"]
+    ckpt = ["model.checkpoint_vision=true", "model.checkpoint_language=true"]
+    bf16, fp32 = ["train.precision=bf16"], ["train.precision=fp32"]
+    demo, nano = "configs/demo.yaml", "configs/nanovlm.yaml"
+    return [
+        ("tiny-fp32", demo, tiny + fp32, 3),
+        ("tiny-bf16", demo, tiny + bf16, 3),
+        ("tiny-fp32-ckpt", demo, tiny + fp32 + ckpt, 3),
+        ("tiny-bf16-ckpt", demo, tiny + bf16 + ckpt, 3),
+        ("tiny-bf16-vitchunk8", demo, tiny + bf16 + ["model.vision_chunk_crops=8"], 3),
+        ("tiny-bf16-losschunk256", demo, tiny + bf16 + ["model.loss_chunk_tokens=256"], 3),
+        ("tiny-bf16-frozen-vision-bf16", demo,
+         tiny + bf16 + ["model.freeze_vision=true", "model.frozen_dtype=bf16"], 3),
+        ("tiny-fp32-batch8", demo, tiny + fp32 + ["train.batch_size=8"], 3),
+        ("tiny-bf16-accum2", demo, tiny + bf16 + ["train.gradient_accumulation_steps=2"], 3),
+        ("222m-bf16", nano, big("nanovlm-222m") + bf16, 2),
+        ("222m-bf16-ckpt", nano, big("nanovlm-222m") + bf16 + ckpt, 2),
+        ("222m-bf16-batch2", nano, big("nanovlm-222m") + bf16 + ["train.batch_size=2"], 2),
+        ("222m-fp32", nano, big("nanovlm-222m") + fp32, 2),
+        ("460m-bf16", nano, big("nanovlm-460m") + bf16, 2),
+        ("460m-bf16-ckpt", nano, big("nanovlm-460m") + bf16 + ckpt, 2),
+        ("460m-bf16-frozen-vision", nano, big("nanovlm-460m") + bf16 + ["model.freeze_vision=true"], 2),
+        ("460m-bf16-vitchunk16", nano, big("nanovlm-460m") + bf16 + ["model.vision_chunk_crops=16"], 2),
+    ]
+
+
+def add_to_tar(tar_path, name, data):
+    """Appends one member (bytes) to an uncompressed tar, so a run cut short keeps the rest."""
+    import io
+    os.makedirs(os.path.dirname(tar_path) or ".", exist_ok=True)
+    with tarfile.open(tar_path, "a") as tar:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime = len(data), int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+
+
+def xz(path):
+    import lzma
+    with open(path, "rb") as f:
+        return lzma.compress(f.read(), preset=9)
+
+
+def check_record(r, artifacts, presets):
+    """The recording mode: every run of record_matrix() with its memory trace, step records and
+    resolved config appended to ARTIFACTS/memory-traces.tar (each file xz-compressed)."""
+    tar_path = os.path.join(artifacts, "memory-traces.tar")
+    out = {}
+    short = {"tiny": "tiny", "nanovlm-222m": "222m", "nanovlm-460m": "460m"}
+    kept = {short.get(p, p) for p in presets}
+    for name, config, overrides, steps in record_matrix():
+        if name.split("-")[0] not in kept:
+            continue
+        started = time.time()
+        try:
+            code, run, recs = r.train(f"record-{name}", config,
+                                      overrides + [f"train.max_steps={steps}",
+                                                   f"output.memory_trace_steps={steps}"],
+                                      expect_ok=False)
+        except Exception as e:  # one run's failure must not lose the others
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        trace = os.path.join(run, "memory-trace.rank0.txt")
+        entry = {"exit": code, "seconds": round(time.time() - started, 1),
+                 "overrides": overrides, "steps": []}
+        for s in recs:
+            entry["steps"].append({k: s.get(k) for k in (
+                "step", "tokens", "crops", "micro_steps", "oom_retries",
+                "memory/peak_allocated_bytes", "memory/peak_reserved_bytes",
+                "memory/predicted_peak_bytes", "memory/predicted_reserved_bytes",
+                "memory/device_overhead_bytes")})
+        if os.path.exists(trace):
+            add_to_tar(tar_path, f"{name}/memory-trace.rank0.txt.xz", xz(trace))
+        for extra in ("metrics.jsonl", "config.yaml"):
+            if os.path.exists(os.path.join(run, extra)):
+                add_to_tar(tar_path, f"{name}/{extra}.xz", xz(os.path.join(run, extra)))
+        add_to_tar(tar_path, f"{name}/run.log.xz", xz(run + ".log"))
+        shutil.rmtree(os.path.join(run, "checkpoints"), ignore_errors=True)  # GBs at 460M
+        out[name] = entry
+    failed = [n for n, e in out.items() if e.get("exit") != 0]
+    if failed:
+        raise CheckFailed(f"runs failed: {', '.join(failed)} (results so far: {json.dumps(out)})")
+    return {"runs": out, "archive": tar_path}
+
+
+def check_fp16(r):
+    """fp16 autocast with the dynamic loss scaler: finite losses, and the scale reported."""
+    _, _, steps = r.train("fp16-tiny", "configs/demo.yaml",
+                          TINY + ["train.precision=fp16", "train.max_steps=8"])
+    if not finite_losses(steps):
+        raise CheckFailed("fp16: a step's loss is not finite")
+    scales = [s.get("loss_scale") for s in steps]
+    if any(x is None for x in scales):
+        raise CheckFailed("fp16: a step without loss_scale in its metrics")
+    return {"losses": [s["loss"] for s in steps], "loss_scales": scales,
+            "skipped_steps": steps[-1].get("skipped_steps", 0)}
+
+
+def check_throughput(r, presets, steps, nanovlm_path, artifacts=""):
     out = {}
     for preset in presets:
-        _, _, recs = r.train(f"throughput-{preset}", "configs/nanovlm.yaml",
-                             nanovlm(preset) + ["train.batch_size=1", "train.precision=bf16",
-                                                f"train.max_steps={steps}"])
-        ours = summary_of(recs, skip=3)
+        # The last 3 steps are profiled (output.profile_steps); the throughput figures are the
+        # steps before them (the profiler slows the host).
+        profiled = 3 if artifacts else 0
+        _, run, recs = r.train(f"throughput-{preset}", "configs/nanovlm.yaml",
+                               nanovlm(preset) + ["train.batch_size=1", "train.precision=bf16",
+                                                  f"train.max_steps={steps + profiled}",
+                                                  f"output.profile_steps={profiled}",
+                                                  f"output.profile_warmup_steps={steps}"])
+        ours = summary_of(recs[:steps], skip=3)
         out[preset] = ours
+        summary_file = os.path.join(run, "profile-summary.rank0.json")
+        if profiled and os.path.exists(summary_file):
+            with open(summary_file) as f:
+                ours["profile"] = json.load(f)
+            add_to_tar(os.path.join(artifacts, "profiles.tar"), f"{preset}/profile.rank0.json.xz",
+                       xz(os.path.join(run, "profile.rank0.json")))
         if not nanovlm_path:
             continue
         # nanoVLM's own training step on a row of the same tokens and crops (the median step's).
@@ -305,6 +420,10 @@ def main():
     p.add_argument("--report", required=True)
     p.add_argument("--presets", default="tiny,nanovlm-222m,nanovlm-460m")
     p.add_argument("--throughput-steps", type=int, default=20)
+    p.add_argument("--device", default="cuda", help="cpu: run the checks' logic on the CPU "
+                   "(a smoke test of this script; the figures mean nothing)")
+    p.add_argument("--artifacts", default="", help="recording mode: a folder for the memory "
+                   "traces of the recording matrix and the throughput runs' profiles")
     p.add_argument("--only", default="", help="comma-separated check names")
     p.add_argument("--header", default="{}", help="JSON merged into the report (the build's)")
     p.add_argument("--nanovlm", default="", help="a nanoVLM checkout: its training step's "
@@ -315,25 +434,40 @@ def main():
     if not os.path.exists(os.path.join(data, "train.jsonl")):
         subprocess.check_call([a.vlmtrain, "make-demo-data", "--out", data],
                               stdout=subprocess.DEVNULL)
-    r = Runner(os.path.abspath(a.vlmtrain), os.path.abspath(a.work), os.path.abspath(data))
+    r = Runner(os.path.abspath(a.vlmtrain), os.path.abspath(a.work), os.path.abspath(data),
+               a.device)
     presets = a.presets.split(",")
     big = [x for x in presets if x != "tiny"]
+    if a.artifacts:
+        os.makedirs(a.artifacts, exist_ok=True)
     checks = [
+        ("record", lambda: check_record(r, a.artifacts, presets)),
         ("bf16_step", lambda: check_bf16_steps(r, presets)),
         ("injected_oom", lambda: check_injected_ooms(r)),
         ("real_oom", lambda: check_real_oom(r)),
         ("checkpointing_equal", lambda: check_checkpointing(r)),
         ("fused_optimizer", lambda: check_fused_optimizer(r)),
         ("resume", lambda: check_resume(r)),
-        ("throughput", lambda: check_throughput(r, big, a.throughput_steps, a.nanovlm)),
+        ("throughput", lambda: check_throughput(r, big, a.throughput_steps, a.nanovlm,
+                                                a.artifacts)),
+        ("fp16_step", lambda: check_fp16(r)),
     ]
     report = json.loads(a.header)
     report.update({"date": time.strftime("%Y-%m-%d"), "checks": {}})
-    wanted = set(filter(None, a.only.split(",")))
+    if not a.artifacts:  # the recording check needs somewhere to put what it records
+        checks = [c for c in checks if c[0] != "record"]
+    # --only runs the named checks in the order named (the most valuable first when the GPU's
+    # time is short); unknown names are a usage error.
+    wanted = list(filter(None, a.only.split(",")))
+    unknown = [w for w in wanted if w not in dict(checks)]
+    if unknown:
+        print(f"gpu-check: unknown checks {unknown}; known: {[c[0] for c in checks]}",
+              file=sys.stderr)
+        return 2
+    if wanted:
+        checks = [(w, dict(checks)[w]) for w in wanted]
     failed = []
     for name, run in checks:
-        if wanted and name not in wanted:
-            continue
         print(f"check {name}", flush=True)
         started = time.time()
         try:

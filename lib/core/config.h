@@ -377,6 +377,9 @@ struct OutputConfig {
   int64_t keep_checkpoints = 2;
   std::string resume = "auto";
   bool sample_ledger = false;
+  int64_t memory_trace_steps = 0;
+  int64_t profile_steps = 0;
+  int64_t profile_warmup_steps = 3;
 };
 
 template <class V>
@@ -393,6 +396,21 @@ void visit_fields(V& v, OutputConfig& c) {
   v.field(c.sample_ledger, "sample_ledger",
           "Write RUN_DIR/samples.jsonl: the ids (stream positions) of every step's samples, all "
           "ranks, to audit that each sample is trained exactly once across restarts.");
+  v.field(c.memory_trace_steps, "memory_trace_steps",
+          "Record every allocation and free of the first N steps of this run, with the op that "
+          "made it, into RUN_DIR/memory-trace.rankR.txt (CPU: the tracking allocator; CUDA: the "
+          "caching allocator's trace); docs/memory-trace.md. 0 = off.",
+          IntRange{0, 1 << 20});
+  v.field(c.profile_steps, "profile_steps",
+          "Profile N steps (LibTorch >= 2.1, Kineto) after profile_warmup_steps steps of this "
+          "run: RUN_DIR/profile.rankR.json (Chrome trace) and profile-summary.rankR.json (per "
+          "step: device busy and idle time, kernels; the top kernels); docs/profiling.md. "
+          "0 = off.",
+          IntRange{0, 1 << 20});
+  v.field(c.profile_warmup_steps, "profile_warmup_steps",
+          "Steps of this run before profiling starts (the first steps load kernels and fill "
+          "the allocator's cache).",
+          IntRange{0, 1 << 20});
 }
 
 // --- log --------------------------------------------------------------------------------

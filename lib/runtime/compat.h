@@ -246,3 +246,16 @@ using CollectiveBackend = c10d::Backend;
 using CollectiveBackend = c10d::ProcessGroup;
 #endif
 }  // namespace vlm::runtime::compat
+
+// --- profiling ----------------------------------------------------------------------------
+// The Kineto profiler's C++ API as runtime/profiler.cpp uses it (ProfilerResult::events with
+// KinetoEvent::activityType, startNs/endNs; enableProfiler with a scope set) is 2.1's; 1.13
+// has an older one and Debian's build has no Kineto. VLM_KINETO_PROFILER selects the code.
+#if VLM_TORCH_AT_LEAST(2, 1)
+#define VLM_KINETO_PROFILER 1
+#else
+#define VLM_KINETO_PROFILER 0
+#endif
+// The CUDA caching allocator's trace tracker (attachAllocatorTraceTracker, for
+// runtime/memory_trace_cuda.cpp) exists from 2.1 on.
+#define VLM_CUDA_TRACE_TRACKER VLM_TORCH_AT_LEAST(2, 1)

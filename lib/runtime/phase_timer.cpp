@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "runtime/memory_trace.h"
+
 #if VLM_WITH_CUDA
 #include "runtime/phase_timer_cuda.h"
 #endif
@@ -18,7 +20,9 @@ PhaseTimer::~PhaseTimer() = default;
 PhaseTimer::PhaseTimer(PhaseTimer&&) noexcept = default;
 PhaseTimer& PhaseTimer::operator=(PhaseTimer&&) noexcept = default;
 
-void PhaseTimer::begin() {
+void PhaseTimer::begin(const char* phase) {
+  scope_.reset();  // a phase left open by an exception (an OOM) ends here
+  scope_ = std::make_unique<PhaseScope>(phase);
   open_ = Phase{};
 #if VLM_WITH_CUDA
   if (cuda_index_ >= 0) {
@@ -30,6 +34,7 @@ void PhaseTimer::begin() {
 }
 
 void PhaseTimer::end(double& total) {
+  scope_.reset();
   open_.total = &total;
 #if VLM_WITH_CUDA
   if (cuda_index_ >= 0) {
@@ -58,6 +63,7 @@ void PhaseTimer::collect() {
 }
 
 void PhaseTimer::clear() {
+  scope_.reset();
   phases_.clear();
   open_ = Phase{};
 }

@@ -13,6 +13,8 @@
 
 namespace vlm::runtime {
 
+class PhaseScope;  // memory_trace.h
+
 namespace detail {
 struct CudaTimingEvent;  // phase_timer_cuda.cpp
 }
@@ -25,8 +27,10 @@ class PhaseTimer {
   PhaseTimer& operator=(PhaseTimer&&) noexcept;
 
   // Brackets one phase; its milliseconds are added to `total` by collect(). `total` must
-  // outlive the collect() call.
-  void begin();
+  // outlive the collect() call. `phase` (a string literal, "vlm::forward") also names the
+  // phase in memory traces and profiles (runtime::PhaseScope) until end(), the next begin()
+  // or clear().
+  void begin(const char* phase);
   void end(double& total);
   // Adds every bracketed phase's time to its total (CUDA: waits for the last event, normally
   // long done by the end of a step) and forgets the phases.
@@ -43,6 +47,7 @@ class PhaseTimer {
   int cuda_index_ = -1;  // -1: host clock
   std::vector<Phase> phases_;
   Phase open_{};
+  std::unique_ptr<PhaseScope> scope_;
 };
 
 }  // namespace vlm::runtime

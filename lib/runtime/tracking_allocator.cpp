@@ -59,6 +59,14 @@ class AllocationTable {
   std::array<Shard, 16> shards_;
 };
 
+std::atomic<AllocationObserver> g_observer{nullptr};
+
+void notify(char event, const void* data, int64_t n_bytes) {
+  if (const AllocationObserver observer = g_observer.load(std::memory_order_relaxed)) {
+    observer(event, data, n_bytes);
+  }
+}
+
 // Never destroyed: tensors in static objects are released after main() returns.
 AllocationTable& allocation_table() {
   static auto* table = new AllocationTable();
@@ -93,6 +101,7 @@ c10::DataPtr TrackingAllocator::allocate(size_t n_bytes) VLM_ALLOCATE_CONST {
   void* data = wrapped.get();
   const c10::Device device = wrapped.device();
   allocation_table().insert(data, Allocation{std::move(wrapped), bytes, &live_bytes_});
+  notify('A', data, bytes);
   return c10::DataPtr(data, data, &TrackingAllocator::release, device);
 }
 
@@ -104,6 +113,7 @@ void TrackingAllocator::release(void* data) {
   std::optional<Allocation> allocation = allocation_table().take(data);
   if (!allocation) return;
   allocation->live_bytes->fetch_sub(allocation->n_bytes, std::memory_order_relaxed);
+  notify('F', data, allocation->n_bytes);
   // Leaving scope frees the memory through the wrapped DataPtr's own deleter.
 }
 
@@ -116,6 +126,7 @@ void TrackingAllocator::on_allocated(int64_t live_after) const {
 
 void TrackingAllocator::refuse(int64_t n_bytes, int64_t live_bytes, int64_t cap_bytes) const {
   refused_.fetch_add(1, std::memory_order_relaxed);
+  notify('O', reinterpret_cast<const void*>(static_cast<uintptr_t>(cap_bytes)), n_bytes);
   // Only heap strings are built here, never tensor memory (we are over the cap).
   C10_THROW_ERROR(OutOfMemoryError,
                   "CPU out of memory: tried to allocate " + std::to_string(n_bytes) +
@@ -158,6 +169,8 @@ TrackingAllocator& install_cpu_tracking_allocator() {
 }
 
 TrackingAllocator* cpu_tracking_allocator() { return g_installed.load(); }
+
+void set_allocation_observer(AllocationObserver observer) { g_observer.store(observer); }
 
 ScopedCpuByteCap::ScopedCpuByteCap(int64_t cap_bytes) {
   TrackingAllocator& allocator = install_cpu_tracking_allocator();

@@ -59,6 +59,13 @@ class TrackingAllocator final : public c10::Allocator {
   std::atomic<int64_t> cap_bytes_{kNoCap};
 };
 
+// Told of every counted allocation ('A'), free ('F') and refusal under the cap ('O', with the
+// request's bytes and the cap as `data`) of the tracking allocator: memory traces
+// (runtime/memory_trace.h). Called on the allocating thread; must not allocate tensors.
+using AllocationObserver = void (*)(char event, const void* data, int64_t n_bytes);
+// nullptr: none (the default).
+void set_allocation_observer(AllocationObserver observer);
+
 // Installs the process-wide tracking allocator as LibTorch's CPU allocator (once; later calls
 // return the same instance). Tensors allocated before installation are not counted, and are
 // freed through their own deleters as before.

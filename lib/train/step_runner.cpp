@@ -16,7 +16,7 @@ namespace vlm::train {
 void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step, StepWork& work) {
   if (host.rows == 0) return;
   const model::VlmBatch batch = model::to_tensors(host, c_.device);
-  timer_.begin();
+  timer_.begin("vlm::forward");
   torch::Tensor loss_sum;
   {
     AutocastScope autocast(c_.precision, c_.device);
@@ -27,7 +27,7 @@ void StepRunner::run_one(const data::HostBatch& host, double inv_n, int64_t step
       loss_sum = loss_sum * std::numeric_limits<double>::quiet_NaN();
   }
   timer_.end(work.forward_ms);
-  timer_.begin();
+  timer_.begin("vlm::backward");
   torch::Tensor objective = loss_sum * inv_n;
   if (c_.scaler) objective = c_.scaler->scale_loss(objective);
   if (c_.faults->fire("oom_backward", step))

@@ -34,6 +34,7 @@
 #include "train/progress.h"
 #include "train/run_state.h"
 #include "train/step_accounting.h"
+#include "train/step_instruments.h"
 #include "train/step_runner.h"
 #include "train/training_checkpoint.h"
 
@@ -93,6 +94,7 @@ class Trainer {
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<MemoryPredictor> memory_;
   std::unique_ptr<MemoryBudgetKeeper> budget_;  // the sampler's budget (docs/sampler.md)
+  std::unique_ptr<StepInstruments> instruments_;  // memory trace, profile (step_instruments.h)
   fs::path run_dir_;
   RunState state_;
   nlohmann::json cursor_;               // data cursor after the last completed step
@@ -245,11 +247,11 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   const StepWork work = runner_->run(std::move(step.batches), inv_n, state_.step + 1, state_);
 
   runtime::PhaseTimer timer(device_);  // CUDA: event times (runtime/phase_timer.h)
-  timer.begin();
+  timer.begin("vlm::allreduce");
   comm_->all_reduce_gradients(optimizer_->parameters(), runtime::GradientReduction::kSum);
   timer.end(m.allreduce_ms);
 
-  timer.begin();
+  timer.begin("vlm::optimizer");
   const double loss_total = comm_->all_reduce_sum({work.loss_sum})[0];
   const bool found_inf = scaler_ ? scaler_->unscale_(optimizer_->parameters()) : false;
   const double grad_norm = clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip);
@@ -482,6 +484,8 @@ ExitCode Trainer::run() {
       StepRunnerContext{model_, optimizer_.get(), comm_.get(), device_, precision_, scaler_.get(),
                         &faults_, progress_.get(), data_->loader_options(dist_.rank).collate,
                         budget_.get()});
+  instruments_ = std::make_unique<StepInstruments>(config_.output, run_dir_, device_, comm_->rank(),
+                                                   first_step);
   if (first_step == 0 && config_.train.preflight) {
     run_preflight(config_,
                   {model_, *optimizer_, device_, precision_, budget_.get(), dist_.world_size});
@@ -500,7 +504,9 @@ ExitCode Trainer::run() {
     std::optional<data::LoadedStep> step = loader.next();
     if (!step) break;
     StepMetrics m;
+    instruments_->begin_step(state_.step + 1);
     train_step(*step, m);
+    instruments_->end_step(state_.step);
     cursor_ = std::move(step->cursor_after);
     metrics_->write_step(m);
     if (ledger_) {

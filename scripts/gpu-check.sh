@@ -9,13 +9,15 @@
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--report FILE] [--work DIR] [--no-build]
 #                        [--no-ctest] [--only CHECKS] [--presets LIST] [--nanovlm PATH]
-#                        [--record DIR] [--target TARGET] [--throughput-steps N]
+#                        [--record DIR] [--record-runs NAMES] [--target TARGET]
+#                        [--throughput-steps N]
 #
 # --record DIR, the recording mode: the `record` check runs the recording matrix (tiny, 222M
 # and 460M; fp32 and bf16; checkpointing, ViT and loss chunking, frozen towers, several batch
 # shapes) with the allocator's trace of every step (output.memory_trace_steps) into
 # DIR/memory-traces.tar, and the throughput check profiles its last steps into
-# DIR/profiles.tar (docs/gpu.md, "Recording"). --only names checks in the order to run them.
+# DIR/profiles.tar (docs/gpu.md, "Recording"); --record-runs names the matrix's runs to record
+# (default: all). --only names checks in the order to run them.
 # --target builds one target (vlmtrain) instead of the whole tree.
 #
 # --nanovlm PATH (a nanoVLM checkout): the throughput check also times nanoVLM's own training
@@ -29,7 +31,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 build_dir=build-gpu report=gpu-check.json work=gpu-check-runs build=1 ctest=1 only="" presets=""
-nanovlm="" record="" target="" throughput_steps=""
+nanovlm="" record="" target="" throughput_steps="" record_runs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
@@ -43,7 +45,8 @@ while [ $# -gt 0 ]; do
     --record) record=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
     --throughput-steps) throughput_steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --record-runs) record_runs=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -100,6 +103,7 @@ args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --heade
 [ -n "$nanovlm" ] && args+=(--nanovlm "$nanovlm")
 [ -n "$record" ] && args+=(--artifacts "$record")
 [ -n "$throughput_steps" ] && args+=(--throughput-steps "$throughput_steps")
+[ -n "$record_runs" ] && args+=(--record-runs "$record_runs")
 python3 scripts/gpu_check.py "${args[@]}"
 rc=$?
 if [ "$ctest" = 1 ] && [ "$ctest_rc" != 0 ] && [ "$rc" = 0 ]; then rc=4; fi

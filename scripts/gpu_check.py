@@ -316,7 +316,7 @@ def xz(path):
         return lzma.compress(f.read(), preset=9)
 
 
-def check_record(r, artifacts, presets):
+def check_record(r, artifacts, presets, only_runs=()):
     """The recording mode: every run of record_matrix() with its memory trace, step records and
     resolved config appended to ARTIFACTS/memory-traces.tar (each file xz-compressed)."""
     tar_path = os.path.join(artifacts, "memory-traces.tar")
@@ -324,7 +324,7 @@ def check_record(r, artifacts, presets):
     short = {"tiny": "tiny", "nanovlm-222m": "222m", "nanovlm-460m": "460m"}
     kept = {short.get(p, p) for p in presets}
     for name, config, overrides, steps in record_matrix():
-        if name.split("-")[0] not in kept:
+        if name.split("-")[0] not in kept or (only_runs and name not in only_runs):
             continue
         started = time.time()
         try:
@@ -420,6 +420,8 @@ def main():
     p.add_argument("--report", required=True)
     p.add_argument("--presets", default="tiny,nanovlm-222m,nanovlm-460m")
     p.add_argument("--throughput-steps", type=int, default=20)
+    p.add_argument("--record-runs", default="", help="comma-separated names of the "
+                   "recording matrix to run (default: all)")
     p.add_argument("--device", default="cuda", help="cpu: run the checks' logic on the CPU "
                    "(a smoke test of this script; the figures mean nothing)")
     p.add_argument("--artifacts", default="", help="recording mode: a folder for the memory "
@@ -441,7 +443,8 @@ def main():
     if a.artifacts:
         os.makedirs(a.artifacts, exist_ok=True)
     checks = [
-        ("record", lambda: check_record(r, a.artifacts, presets)),
+        ("record", lambda: check_record(r, a.artifacts, presets,
+                                        list(filter(None, a.record_runs.split(","))))),
         ("bf16_step", lambda: check_bf16_steps(r, presets)),
         ("injected_oom", lambda: check_injected_ooms(r)),
         ("real_oom", lambda: check_real_oom(r)),

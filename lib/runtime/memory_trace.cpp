@@ -85,6 +85,11 @@ class Recorder {
     }
   }
 
+  int32_t stream_number(const void* stream) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return stream_id(stream);
+  }
+
   void reset() {
     const std::lock_guard<std::mutex> lock(mutex_);
     events_.clear();
@@ -186,10 +191,31 @@ MemoryTrace::~MemoryTrace() {
 
 const std::filesystem::path& MemoryTrace::file() const { return state_->file; }
 
+// CUDA: the allocator's segments and their blocks (G and B lines), after S the state the step
+// starts from, after E the state it ends in: a replay of the events can start where the
+// allocator did and be checked block by block where it ended. Nothing on the CPU.
+void MemoryTrace::write_segments() {
+#if VLM_WITH_CUDA
+  if (!state_->device.is_cuda()) return;
+  char line[96];
+  for (const auto& segment :
+       detail::cuda_allocator_segments(state_->device.has_index() ? state_->device.index() : 0)) {
+    std::snprintf(line, sizeof line, "G %" PRIx64 " %" PRId64 " %d %d\n", segment.address,
+                  segment.size, segment.large ? 1 : 0,
+                  Recorder::instance().stream_number(segment.stream));
+    state_->out << line;
+    for (const auto& [bytes, allocated] : segment.blocks) {
+      state_->out << "B " << bytes << ' ' << (allocated ? 1 : 0) << '\n';
+    }
+  }
+#endif
+}
+
 void MemoryTrace::begin_step(int64_t step) {
   const DeviceMemoryStats stats = memory_stats(state_->device);
   state_->out << "S " << step << ' ' << stats.allocated_bytes << ' ' << stats.reserved_bytes
               << '\n';
+  write_segments();
   Recorder::instance().set_recording(true);
 }
 
@@ -210,6 +236,7 @@ void MemoryTrace::end_step(int64_t step) {
   }
   out << "E " << step << ' ' << stats.peak_allocated_bytes << ' ' << stats.peak_reserved_bytes
       << ' ' << stats.allocated_bytes << ' ' << stats.reserved_bytes << '\n';
+  write_segments();
   out.flush();
   if (!out) throw Error(ExitCode::kUsage, "cannot write the memory trace " + state_->file.string());
 }

@@ -43,6 +43,8 @@ class MemoryTrace {
   const std::filesystem::path& file() const;
 
  private:
+  void write_segments();
+
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -71,4 +71,21 @@ void cuda_attach_memory_trace(int device_index, CudaTraceSink sink) {
 #endif
 }
 
+std::vector<CudaSegment> cuda_allocator_segments(int device_index) {
+  const auto snapshot = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, false);
+  std::vector<CudaSegment> out;
+  for (const auto& segment : snapshot.segments) {
+    if (segment.device != device_index) continue;
+    CudaSegment& s = out.emplace_back();
+    s.address = static_cast<uint64_t>(segment.address);
+    s.size = static_cast<int64_t>(segment.total_size);
+    s.large = segment.is_large;
+    s.stream = segment.stream;
+    for (const auto& block : segment.blocks) {
+      s.blocks.emplace_back(static_cast<int64_t>(block.size), block.allocated);
+    }
+  }
+  return out;
+}
+
 }  // namespace vlm::runtime::detail

@@ -60,17 +60,6 @@ int64_t llround_bytes(double bytes) { return static_cast<int64_t>(std::llround(b
 
 }  // namespace
 
-int64_t cuda_block_bytes(int64_t request) {
-  return request <= 0 ? 0 : round_up(request, kCudaMinBlockSize);
-}
-
-int64_t cuda_segment_bytes(int64_t block) {
-  if (block <= 0) return 0;
-  if (block <= kCudaSmallSize) return kCudaSmallBuffer;
-  if (block < kCudaMinLargeAlloc) return kCudaLargeBuffer;
-  return round_up(block, kCudaRoundLarge);
-}
-
 std::string TorchVersion::str() const {
   return std::to_string(major) + "." + std::to_string(minor);
 }

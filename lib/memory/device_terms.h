@@ -23,27 +23,11 @@
 #include <vector>
 
 #include "core/gpu_catalog.h"
+#include "memory/cuda_caching_allocator.h"
 #include "memory/memory_spec.h"
 #include "memory/step_prediction.h"
 
 namespace vlm::memory {
-
-// c10/cuda/CUDACachingAllocator.cpp (unchanged from LibTorch 1.13 to 2.x).
-inline constexpr int64_t kCudaMinBlockSize = 512;        // kMinBlockSize: every block
-inline constexpr int64_t kCudaSmallSize = 1 << 20;       // kSmallSize: largest small block
-inline constexpr int64_t kCudaSmallBuffer = 2 << 20;     // kSmallBuffer: small segments
-inline constexpr int64_t kCudaLargeBuffer = 20 << 20;    // kLargeBuffer: 1-10 MiB blocks
-inline constexpr int64_t kCudaMinLargeAlloc = 10 << 20;  // kMinLargeAlloc
-inline constexpr int64_t kCudaRoundLarge = 2 << 20;      // kRoundLarge: larger segments
-
-// The block the caching allocator hands out for a request of `request` bytes: 0 for 0 (no
-// allocation: NativeCachingAllocator::allocate skips size 0), else rounded up to 512 B
-// (round_size). allocated_bytes counts blocks.
-int64_t cuda_block_bytes(int64_t request);
-// The segment (one cudaMalloc) a new block of `block` bytes gets when no cached one fits
-// (get_allocation_size): 2 MiB for blocks <= 1 MiB, 20 MiB below 10 MiB, else rounded up to
-// 2 MiB. 0 for 0.
-int64_t cuda_segment_bytes(int64_t block);
 
 struct TorchVersion {
   int major = 0;

@@ -1,0 +1,94 @@
+// The CUDA caching allocator of LibTorch, as a model: which block a request gets, when a new
+// segment is taken from the device, how freed blocks merge, and so the allocated and reserved
+// bytes (torch.cuda.max_memory_allocated / max_memory_reserved) of any sequence of requests and
+// frees. The rules are PyTorch's c10/cuda/CUDACachingAllocator.cpp with its default settings
+// (no max_split_size, no roundup divisions, no expandable segments, one stream), the same from
+// LibTorch 1.13 to 2.11; docs/memory.md ("The CUDA caching allocator") cites each.
+//
+// Replayed from recorded GPU traces (bench/gpu/, docs/memory-trace.md) it reproduces the real
+// allocator block for block (tests/memory/test_cuda_caching_allocator.cpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+namespace vlm::memory {
+
+// c10/core/AllocatorConfig.h (2.11; CUDACachingAllocator.cpp before) and
+// CUDACachingAllocator.cpp's kLargeBuffer.
+inline constexpr int64_t kCudaMinBlockSize = 512;        // kMinBlockSize: every block
+inline constexpr int64_t kCudaSmallSize = 1 << 20;       // kSmallSize: largest small block
+inline constexpr int64_t kCudaSmallBuffer = 2 << 20;     // kSmallBuffer: small segments
+inline constexpr int64_t kCudaLargeBuffer = 20 << 20;    // kLargeBuffer: 1-10 MiB blocks
+inline constexpr int64_t kCudaMinLargeAlloc = 10 << 20;  // kMinLargeAlloc
+inline constexpr int64_t kCudaRoundLarge = 2 << 20;      // kRoundLarge: larger segments
+
+// The block the caching allocator hands out for a request of `request` bytes: 0 for 0 (no
+// allocation: NativeCachingAllocator::allocate skips size 0), else rounded up to 512 B
+// (round_size). allocated_bytes counts blocks.
+int64_t cuda_block_bytes(int64_t request);
+// The segment (one cudaMalloc) a new block of `block` bytes gets when no cached one fits
+// (get_allocation_size): 2 MiB for blocks <= 1 MiB, 20 MiB below 10 MiB, else rounded up to
+// 2 MiB. 0 for 0.
+int64_t cuda_segment_bytes(int64_t block);
+
+class CudaCachingAllocatorModel {
+ public:
+  // A segment and its blocks in address order (the allocator's snapshot, or the model's).
+  struct Segment {
+    uint64_t address = 0;
+    bool large = false;                            // the large pool's (else the small pool's)
+    std::vector<std::pair<int64_t, bool>> blocks;  // bytes, allocated
+    bool operator==(const Segment& o) const {
+      return address == o.address && large == o.large && blocks == o.blocks;
+    }
+  };
+
+  CudaCachingAllocatorModel();
+  ~CudaCachingAllocatorModel();
+  CudaCachingAllocatorModel(CudaCachingAllocatorModel&&) noexcept;
+  CudaCachingAllocatorModel& operator=(CudaCachingAllocatorModel&&) noexcept;
+
+  // Starts from a recorded state: the allocated blocks are live at their addresses.
+  void load(const std::vector<Segment>& segments);
+
+  // A request of `bytes` (> 0). When no cached block fits, a segment is taken from the device,
+  // at `new_segment_address` if given (a replay of a recorded trace), else at an address above
+  // every segment so far. Returns the block's address, the key of free().
+  uint64_t allocate(int64_t bytes, std::optional<uint64_t> new_segment_address = std::nullopt);
+  // Whether allocate(bytes) would take a new segment.
+  bool needs_segment(int64_t bytes) const;
+  // Frees the block at `address` (completed: one stream, no pending events). False when no
+  // block is allocated there.
+  bool free(uint64_t address);
+
+  int64_t allocated_bytes() const { return allocated_; }
+  int64_t reserved_bytes() const { return reserved_; }
+  int64_t peak_allocated_bytes() const { return peak_allocated_; }
+  int64_t peak_reserved_bytes() const { return peak_reserved_; }
+  void reset_peaks();
+
+  std::vector<Segment> segments() const;
+
+ private:
+  struct Block;
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  Block* take_free_block(int64_t size, bool small);
+  void insert_free(Block* b);
+  void erase_free(Block* b);
+
+  std::set<Block*, BySize> small_free_, large_free_;
+  std::unordered_map<uint64_t, Block*> live_;          // allocated blocks by address
+  std::map<uint64_t, std::unique_ptr<Block>> blocks_;  // every block, by address
+  int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
+  uint64_t next_address_ = uint64_t{1} << 48;
+};
+
+}  // namespace vlm::memory

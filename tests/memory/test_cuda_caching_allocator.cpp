@@ -1,0 +1,157 @@
+// The CUDA caching allocator's model (memory/cuda_caching_allocator.h): its rules one by one,
+// then every recorded GPU trace of bench/gpu/ replayed through it. With the addresses the
+// trace recorded for new segments, the model must make every choice the allocator made: each
+// step's allocated and reserved peaks, the bytes at its end and the end state block for block.
+// With addresses of its own (as a prediction has), the peaks stay within the memory model's
+// bounds for GPU predictions (docs/memory.md): 1% allocated, 3% reserved.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "memory/cuda_caching_allocator.h"
+#include "memory/recorded_trace.h"
+
+namespace fs = std::filesystem;
+using vlm::memory::CudaCachingAllocatorModel;
+
+namespace {
+
+constexpr int64_t MiB = 1 << 20;
+
+// A recorded trace, decompressed by xz (the traces are stored xz-compressed).
+std::string decompressed(const fs::path& file) {
+  const std::string command = "xz -dc '" + file.string() + "'";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string text;
+  char buffer[1 << 16];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) text.append(buffer, n);
+  REQUIRE(pclose(pipe) == 0);
+  return text;
+}
+
+std::vector<fs::path> recorded_traces() {
+  std::vector<fs::path> out;
+  for (const auto& entry :
+       fs::recursive_directory_iterator(fs::path(VLM_SOURCE_DIR) / "bench" / "gpu")) {
+    if (entry.path().filename().string().find(".trace.xz") != std::string::npos) {
+      out.push_back(entry.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("requests are rounded to 512 bytes and served from 2 MiB, 20 MiB or rounded segments",
+          "[cuda_allocator]") {
+  CudaCachingAllocatorModel m;
+  m.allocate(1);  // a 512-byte block of a new 2 MiB small segment, the rest split off
+  CHECK(m.allocated_bytes() == 512);
+  CHECK(m.reserved_bytes() == 2 * MiB);
+  m.allocate(MiB);  // the largest small block: from the same segment's remainder
+  CHECK(m.allocated_bytes() == 512 + MiB);
+  CHECK(m.reserved_bytes() == 2 * MiB);
+  m.allocate(MiB + 1);  // large pool, below 10 MiB: a 20 MiB segment
+  CHECK(m.reserved_bytes() == 22 * MiB);
+  // 10 MiB and more, when no cached block fits (the 20 MiB segment's 19 MiB rest does not): a
+  // segment of its size rounded up to 2 MiB.
+  m.allocate(29 * MiB + 1);
+  CHECK(m.reserved_bytes() == 52 * MiB);
+  CHECK(m.peak_allocated_bytes() == m.allocated_bytes());
+}
+
+TEST_CASE("a large block keeps a remainder of 1 MiB or less, which then counts as allocated",
+          "[cuda_allocator]") {
+  CudaCachingAllocatorModel m;
+  const uint64_t big = m.allocate(20 * MiB);
+  CHECK(m.free(big));
+  // 19 MiB + 512 B from the cached 20 MiB block: the remainder (1 MiB - 512 B) is not split.
+  m.allocate(19 * MiB + 512);
+  CHECK(m.allocated_bytes() == 20 * MiB);
+  CHECK(m.segments().front().blocks.size() == 1);
+  // In the small pool any remainder of 512 B or more is split off, 1 MiB included.
+  CudaCachingAllocatorModel s;
+  s.allocate(MiB);
+  CHECK(s.allocated_bytes() == MiB);
+  CHECK(s.segments().front().blocks.size() == 2);
+}
+
+TEST_CASE("the best fit is the smallest cached block, and freed neighbours merge",
+          "[cuda_allocator]") {
+  CudaCachingAllocatorModel m;
+  const uint64_t a = m.allocate(4 * MiB);
+  const uint64_t b = m.allocate(4 * MiB);  // both from one 20 MiB segment
+  const uint64_t c = m.allocate(4 * MiB);
+  CHECK(m.reserved_bytes() == 20 * MiB);
+  CHECK(m.free(a));
+  CHECK(m.free(c));  // c merges with the 8 MiB remainder: free blocks of 4 and 12 MiB
+  CHECK(m.allocate(3 * MiB) == a);  // the 4 MiB block, not the 12 MiB one
+  CHECK(m.free(b));
+  CHECK_FALSE(m.free(b));  // no longer allocated
+  const auto segments = m.segments();
+  REQUIRE(segments.size() == 1);
+  // 3 MiB allocated (its 1 MiB remainder not split), then b merged with the 12 MiB block.
+  CHECK(segments.front().blocks ==
+        std::vector<std::pair<int64_t, bool>>{{4 * MiB, true}, {16 * MiB, false}});
+  CHECK(m.peak_allocated_bytes() == 12 * MiB);
+}
+
+TEST_CASE("a malformed memory trace is refused with its line", "[cuda_allocator]") {
+  std::istringstream in("# vlmtrain memory trace 1\n# x\nS 1 0 0\nA 12 zz 0 0\n");
+  CHECK_THROWS_WITH(vlm::memory::read_memory_trace(in),
+                    Catch::Contains("line 4") && Catch::Contains("hex address"));
+}
+
+TEST_CASE("every recorded GPU trace replays on the allocator model, choice for choice",
+          "[cuda_allocator]") {
+  const auto traces = recorded_traces();
+  REQUIRE(traces.size() >= 20);
+  int replayed = 0;
+  for (const fs::path& file : traces) {
+    CAPTURE(file.string());
+    std::istringstream in(decompressed(file));
+    const auto trace = vlm::memory::read_memory_trace(in);
+    REQUIRE(trace.cuda);
+    REQUIRE_FALSE(trace.steps.empty());
+    for (const auto& step : trace.steps) {
+      // Every trace: the segments taken during the step give its reserved peak.
+      int64_t reserved = step.reserved_at_start, peak = reserved;
+      for (const auto& e : step.events) {
+        if (e.kind == 'M') peak = std::max(peak, reserved += e.bytes);
+        if (e.kind == 'U') reserved -= e.bytes;
+      }
+      CHECK(peak == step.peak_reserved);
+    }
+    if (trace.steps.front().start_state.empty()) continue;  // recorded before states were
+    ++replayed;
+    const auto exact = vlm::memory::replay_on_allocator_model(trace, true);
+    const auto predicted = vlm::memory::replay_on_allocator_model(trace, false);
+    for (size_t i = 0; i < trace.steps.size(); ++i) {
+      const auto& s = trace.steps[i];
+      CAPTURE(s.step);
+      CHECK(exact[i].diverged == 0);
+      CHECK(exact[i].peak_allocated == s.peak_allocated);
+      CHECK(exact[i].peak_reserved == s.peak_reserved);
+      CHECK(exact[i].allocated_at_end == s.allocated_at_end);
+      CHECK(exact[i].reserved_at_end == s.reserved_at_end);
+      CHECK(exact[i].end_state_equal);
+      const double allocated_error =
+          static_cast<double>(predicted[i].peak_allocated - s.peak_allocated) /
+          static_cast<double>(s.peak_allocated);
+      const double reserved_error =
+          static_cast<double>(predicted[i].peak_reserved - s.peak_reserved) /
+          static_cast<double>(s.peak_reserved);
+      CHECK(std::abs(allocated_error) <= 0.01);
+      CHECK(std::abs(reserved_error) <= 0.03);
+    }
+  }
+  CHECK(replayed >= 6);
+}

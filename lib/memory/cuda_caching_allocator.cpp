@@ -154,6 +154,16 @@ uint64_t CudaCachingAllocatorModel::allocate(int64_t bytes,
   return b->address;
 }
 
+// Block `b` takes in the block after it (free, and out of its pool), which goes away.
+void CudaCachingAllocatorModel::absorb_next(Block* b) {
+  Block* n = b->next;
+  erase_free(n);
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next != nullptr) n->next->prev = b;
+  blocks_.erase(n->address);
+}
+
 // free_block: the block merges with a free neighbour on either side (try_merge_blocks), then
 // goes back to its pool. Segments are never returned (no emptyCache).
 bool CudaCachingAllocatorModel::free(uint64_t address) {
@@ -164,20 +174,11 @@ bool CudaCachingAllocatorModel::free(uint64_t address) {
   b->allocated = false;
   allocated_ -= b->size;
   if (Block* p = b->prev; p != nullptr && !p->allocated) {
-    erase_free(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) b->next->prev = p;
-    blocks_.erase(b->address);
+    erase_free(p);  // its size changes: out of the size-ordered pool first
+    absorb_next(p);
     b = p;
   }
-  if (Block* n = b->next; n != nullptr && !n->allocated) {
-    erase_free(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    blocks_.erase(n->address);
-  }
+  if (b->next != nullptr && !b->next->allocated) absorb_next(b);
   insert_free(b);
   return true;
 }

@@ -83,6 +83,7 @@ class CudaCachingAllocatorModel {
   Block* take_free_block(int64_t size, bool small);
   void insert_free(Block* b);
   void erase_free(Block* b);
+  void absorb_next(Block* b);
 
   std::set<Block*, BySize> small_free_, large_free_;
   std::unordered_map<uint64_t, Block*> live_;          // allocated blocks by address

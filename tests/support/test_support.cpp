@@ -7,9 +7,13 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 namespace vlm::test {
 namespace fs = std::filesystem;
@@ -45,6 +49,23 @@ std::string read_file(const fs::path& path) {
 }
 
 CommandResult run_vlmtrain(const std::string& args) { return run_with_env("", args); }
+
+const std::filesystem::path& demo_dataset(int samples, int val_samples, int seed) {
+  static std::map<std::tuple<int, int, int>,
+                  std::pair<std::unique_ptr<TempDir>, std::filesystem::path>>
+      written;
+  auto& entry = written[{samples, val_samples, seed}];
+  if (!entry.first) {
+    auto dir = std::make_unique<TempDir>("vlmtrain-demo-data");
+    const std::filesystem::path out = *dir / "demo";
+    const auto r = run_vlmtrain("make-demo-data --out '" + out.string() + "' --samples " +
+                                std::to_string(samples) + " --val-samples " +
+                                std::to_string(val_samples) + " --seed " + std::to_string(seed));
+    if (r.exit_code != 0) throw std::runtime_error("make-demo-data failed: " + r.output);
+    entry = {std::move(dir), out};
+  }
+  return entry.second;
+}
 
 CommandResult run_with_env(const std::string& env, const std::string& args) {
   const std::string command = env + "'" + VLMTRAIN_EXE + "' " + args + " 2>&1";

@@ -34,6 +34,11 @@ CommandResult run_vlmtrain(const std::string& args);
 // The same with environment assignments before the command ("RANK=1 WORLD_SIZE=2 ").
 CommandResult run_with_env(const std::string& env, const std::string& args);
 
+// A demo dataset (`vlmtrain make-demo-data --out DIR --samples N --val-samples V --seed S`)
+// written once per process into a temporary folder removed at exit: DIR/train.jsonl,
+// DIR/val.jsonl and the images. Throws std::runtime_error when the command fails.
+const std::filesystem::path& demo_dataset(int samples, int val_samples, int seed);
+
 // The repository root (for configs/), baked in at build time.
 std::filesystem::path source_dir();
 

@@ -17,21 +17,13 @@ using vlm::test::TempDir;
 
 namespace {
 
-const fs::path& demo_data() {
-  static TempDir dir("vlmtrain-estimate-data");
-  static const bool written =
-      run_vlmtrain("make-demo-data --out '" + (dir / "demo").string() +
-                   "' --samples 120 --val-samples 4 --seed 11")
-          .exit_code == 0;
-  CATCH_REQUIRE(written);
-  return dir.path();
-}
+const fs::path& demo_data() { return vlm::test::demo_dataset(120, 4, 11); }
 
 // The demo model on the demo data at 256-token rows, one thread, on the CPU: the same flags for
 // estimate-memory and train.
 std::string demo_flags(const std::string& extra) {
   return "--config '" + (vlm::test::source_dir() / "configs/demo.yaml").string() +
-         "' --set 'data.train=[{path: " + (demo_data() / "demo/train.jsonl").string() +
+         "' --set 'data.train=[{path: " + (demo_data() / "train.jsonl").string() +
          "}]' --set data.validation=[] --set packing.max_seq_len=256 "
          "--set data.max_sample_length=256 --set train.threads=1 --set train.device=cpu "
          "--set data.workers=1 --set train.eval_every=0 --set train.eval_generate=0 " +

@@ -20,20 +20,9 @@ using vlm::test::TempDir;
 
 namespace {
 
-const fs::path& dataset() {
-  static TempDir dir("vlmtrain-instruments-data");
-  static const bool written = [] {
-    return run_vlmtrain("make-demo-data --out '" + (dir / "demo").string() +
-                        "' --samples 64 --val-samples 4 --seed 9")
-               .exit_code == 0;
-  }();
-  CATCH_REQUIRE(written);
-  return dir.path();
-}
-
 std::string run_args(const fs::path& out, const std::string& extra) {
   return "train --set model.preset=tiny --set 'data.train=[{path: " +
-         (dataset() / "demo" / "train.jsonl").string() +
+         (vlm::test::demo_dataset(64, 4, 9) / "train.jsonl").string() +
          "}]' --set data.validation=[] --set data.max_img_size=128 "
          "--set packing.max_seq_len=256 --set data.max_sample_length=256 "
          "--set packing.max_images_per_knapsack=8 --set train.batch_size=2 "

@@ -27,20 +27,11 @@ using vlm::test::TempDir;
 namespace {
 
 // One demo dataset for the whole suite (written once, read-only afterwards).
-const fs::path& dataset_dir() {
-  static TempDir dir("vlmtrain-runs-data");
-  static const bool written = [] {
-    const auto r = run_vlmtrain("make-demo-data --out '" + (dir / "demo").string() +
-                                "' --samples 160 --val-samples 8 --seed 5");
-    return r.exit_code == 0;
-  }();
-  CATCH_REQUIRE(written);
-  return dir.path();
-}
+const fs::path& demo_dir() { return vlm::test::demo_dataset(160, 8, 5); }
 
 // A tiny, fast run: 256-token rows, no evaluation, fp32, one thread.
 std::string run_args(const fs::path& out, const std::string& extra) {
-  const fs::path data = dataset_dir() / "demo";
+  const fs::path data = demo_dir();
   return "train --set model.preset=tiny --set 'data.train=[{path: " +
          (data / "train.jsonl").string() +
          "}]' --set data.max_img_size=128 --set packing.max_seq_len=256 "
@@ -194,7 +185,7 @@ CATCH_TEST_CASE("2 processes on Gloo equal 1 process on the same global batch, a
                 "[gloo]") {
   TempDir one, two;
   const std::string validation =
-      " --set 'data.validation=[{path: " + (dataset_dir() / "demo" / "val.jsonl").string() + "}]'";
+      " --set 'data.validation=[{path: " + (demo_dir() / "val.jsonl").string() + "}]'";
   require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=2" + validation)));
   run_two_ranks(two.path(), "--set train.batch_size=1" + validation, 0);
   CATCH_CHECK(max_difference(final_weights(one.path()), final_weights(two.path())) < 1e-5);
@@ -662,14 +653,14 @@ CATCH_TEST_CASE(
   // time), seed 2: steps 1 and 2 carry no crop, so the ViT's and projector's gradients and
   // moments are created at step 3 (docs/memory.md, "The whole step"). Before, steps 1 to 3
   // had no prediction.
-  const fs::path mixed = dataset_dir() / "demo" / "text-then-images.jsonl";
+  const fs::path mixed = demo_dir() / "text-then-images.jsonl";
   {
     std::ofstream out(mixed);
     for (int i = 0; i < 40; ++i) {
       out << R"({"images": [], "texts": [{"user": "What is )" << i << R"( plus 1?", "assistant": ")"
           << i + 1 << "\"}]}\n";
     }
-    std::ifstream demo(dataset_dir() / "demo" / "train.jsonl");
+    std::ifstream demo(demo_dir() / "train.jsonl");
     out << demo.rdbuf();
   }
   TempDir out;

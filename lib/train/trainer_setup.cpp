@@ -1,0 +1,176 @@
+// The trainer's setup (device, model, optimizer, data, memory budget), checkpoints, resume and
+// evaluation (trainer_impl.h).
+#include "train/trainer_impl.h"
+
+namespace vlm::train::detail {
+
+// --- setup ----------------------------------------------------------------------------------
+
+void Trainer::setup() {
+  device_ = choose_device(config_.train.device, dist_.local_rank);
+  precision_ = parse_precision(config_.train.precision);
+  if (precision_ == Precision::kFp16 && !device_.is_cuda()) {
+    throw ConfigError("train.precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU",
+                      loaded_.where("train.precision"));
+  }
+  const int threads = runtime::configure_threads(static_cast<int>(config_.train.threads));
+  memory_ =
+      std::make_unique<MemoryPredictor>(config_, threads, device_target(device_, dist_.world_size));
+  if (device_.is_cuda()) runtime::compat::use_shape_agnostic_attention_kernels();
+  if (const int64_t cap = config_.memory.simulate_device_bytes.bytes; cap > 0) {
+    if (device_.is_cuda()) {
+      // A smaller GPU on this one: the value is a device size, as the memory budget reads it,
+      // so the caching allocator gets what such a device would leave after what this one holds
+      // outside it (the CUDA context, cuBLAS); its memory fraction makes the OOMs real ones.
+      const runtime::DeviceMemoryStats s = runtime::memory_stats(device_);
+      const int64_t outside = s.device_total_bytes - s.device_free_bytes - s.reserved_bytes;
+      if (cap > s.device_total_bytes || cap <= outside) {
+        throw ConfigError("memory.simulate_device_bytes (" + std::to_string(cap) +
+                              " bytes) must be above what the device holds outside the caching "
+                              "allocator (" +
+                              std::to_string(outside) +
+                              " bytes: the CUDA "
+                              "context) and at most its memory (" +
+                              std::to_string(s.device_total_bytes) + " bytes)",
+                          loaded_.where("memory.simulate_device_bytes"));
+      }
+      cap_cuda_allocator(outside);
+    } else {
+      runtime::install_cpu_tracking_allocator().set_cap_bytes(cap);
+    }
+  }
+  runtime::DistributedOptions dist_options;
+  dist_options.timeout = std::chrono::seconds(config_.distributed.timeout_s);
+  dist_options.backend = config_.distributed.backend;
+  dist_options.device = device_;
+  comm_ = runtime::Communicator::create(dist_, dist_options);
+  spdlog::info("rank {}/{} ({}), device {}, {} threads, precision {}, backend {}", dist_.rank,
+               dist_.world_size, dist_.launcher, device_.str(), threads, config_.train.precision,
+               comm_->backend_name());
+
+  const auto seed = static_cast<uint64_t>(config_.train.seed);
+  torch::manual_seed(seed);
+  model_ = build_model(config_.model, seed);
+  model_->to(device_);
+  comm_->broadcast_parameters(model_->parameters(), 0);
+
+  GroupedAdamWOptions adam;
+  adam.peak_lr = {{"projector", config_.train.lr.projector},
+                  {"vision", config_.train.lr.vision},
+                  {"language", config_.train.lr.language}};
+  adam.weight_decay = config_.train.weight_decay;
+  adam.beta1 = config_.train.adam_beta1;
+  adam.beta2 = config_.train.adam_beta2;
+  adam.eps = config_.train.adam_eps;
+  adam.fused = config_.train.fused_optimizer;
+  optimizer_ = std::make_unique<GroupedAdamW>(named_parameters_of(*model_), adam);
+  if (optimizer_->fused()) spdlog::info("optimizer: fused AdamW (one kernel per parameter group)");
+  schedule_ = std::make_unique<LrSchedule>(
+      // A warmup longer than the run (a short trial) is cut to the run; the config warned.
+      LrScheduleOptions{std::min(config_.train.warmup_steps, config_.train.max_steps),
+                        config_.train.max_steps, config_.train.min_lr_ratio,
+                        parse_lr_decay(config_.train.schedule)});
+  if (precision_ == Precision::kFp16) scaler_ = std::make_unique<LossScaler>();
+
+  budget_ = std::make_unique<MemoryBudgetKeeper>(
+      config_, *memory_, device_.is_cuda() ? runtime::memory_stats(device_).device_total_bytes : 0);
+  data_ = std::make_unique<data::DataSetup>(config_, dist_.world_size, budget_->planner_cap());
+  pipeline_ = data_->training_pipeline();
+
+  const auto counts = spec::parameter_counts(config_.model.dims);
+  spdlog::info("model {}: {} parameters (vision {}, projector {}, language {})",
+               config_.model.dims.preset, counts.total(), counts.vision, counts.projector,
+               counts.language);
+}
+
+nlohmann::json Trainer::budget_summary() const {
+  if (budget_->in_force(state_) <= 0) return nullptr;
+  return {{"usable_bytes", budget_->usable_bytes()},
+          {"in_force_bytes", budget_->in_force(state_)},
+          {"learned_bytes", state_.learned_budget_bytes}};
+}
+
+// --- checkpoints ----------------------------------------------------------------------------
+
+TrainerState Trainer::trainer_state() const {
+  TrainerState s;
+  s.run = state_;
+  s.world_size = dist_.world_size;
+  s.config_hash = config_hash(config_);
+  s.data_cursor = cursor_;
+  s.loss_scaler = scaler_ ? scaler_->state() : nlohmann::json();
+  return s;
+}
+
+// Rank 0 writes; every rank learns whether it could, so that a failed save (exit code
+// kSaveFailed) stops all of them instead of leaving the others waiting in a barrier.
+void Trainer::save_checkpoint() {
+  progress_->end_line();
+  std::exception_ptr failure;
+  if (comm_->rank() == 0) {
+    try {
+      save_training_checkpoint(run_dir_, trainer_state(), checkpoint_contents());
+    } catch (const std::exception&) {
+      failure = std::current_exception();
+    }
+  }
+  const bool failed = comm_->any_rank_flagged(failure != nullptr);
+  if (failure) std::rethrow_exception(failure);
+  if (failed) {
+    throw Error(ExitCode::kSaveFailed, "rank 0 could not write the checkpoint of step " +
+                                           std::to_string(state_.step) + " (its log says why)");
+  }
+}
+
+void Trainer::resume_if_possible() {
+  if (config_.output.resume == "never") return;
+  const auto saved =
+      resume_training_checkpoint(run_dir_, dist_.world_size, checkpoint_contents(),
+                                 [&](const nlohmann::json& cursor) { pipeline_->restore(cursor); });
+  if (!saved) return;
+  state_ = saved->run;
+  optimizer_state_ready_ = state_.step > 0;  // the loss scaler was restored with the rest
+  cursor_ = saved->data_cursor;
+}
+
+// --- evaluation -----------------------------------------------------------------------------
+
+void Trainer::run_evaluation(bool final) {
+  auto validation = data_->validation_pipeline();
+  if (!validation) return;
+  progress_->end_line();
+  EvalOptions options;
+  options.generate = final ? -1 : config_.train.eval_generate;
+  options.max_new_tokens = config_.train.max_new_tokens;
+  options.precision = precision_;
+  // Generation ends on every rank well before a collective could time out on the slowest.
+  if (comm_->is_distributed()) options.time_limit_s = 0.5 * config_.distributed.timeout_s;
+  const auto start = Clock::now();
+  const EvalResult r = evaluate(model_, *data_, *validation, *comm_, device_, options);
+  std::map<std::string, double> values{
+      {"loss", r.loss},
+      {"supervised_tokens", static_cast<double>(r.supervised_tokens)},
+      {"samples", static_cast<double>(r.samples)},
+      {"seconds", ms_since(start) / 1000.0}};
+  if (r.answered > 0) {
+    values["answered"] = static_cast<double>(r.answered);
+    values["exact_match"] = r.accuracy();
+  }
+  metrics_->write_eval(state_.step, values);
+  spdlog::info("eval at step {}: loss {:.4f} over {} samples{}", state_.step, r.loss, r.samples,
+               r.answered ? fmt::format(", exact match {:.1f}% of {} answers", 100 * r.accuracy(),
+                                        r.answered)
+                          : "");
+  for (const auto& g : r.examples) {
+    spdlog::info("  {}: expected '{}', answered '{}'{}", g.question, g.expected, g.answer,
+                 g.correct ? "" : " (wrong)");
+  }
+  if (r.unanswered_for_time > 0) {
+    spdlog::warn(
+        "eval at step {}: {} questions left unanswered: generation stops after half the "
+        "collective timeout ({} s, distributed.timeout_s)",
+        state_.step, r.unanswered_for_time, options.time_limit_s);
+  }
+}
+
+}  // namespace vlm::train::detail

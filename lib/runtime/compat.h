@@ -79,18 +79,6 @@ inline void set_autocast_state(const AutocastState& s) {
 }
 
 // --- optimizer ----------------------------------------------------------------------------
-// Optimizer::zero_grad zeroes the gradients in place up to 1.13; from 2.0 its default frees them
-// (set_to_none). vlmtrain keeps them allocated on every version: the memory model counts them
-// from the first backward on (docs/memory.md), and the step's peak is the same either way.
-template <class Optimizer>
-void zero_grad_in_place(Optimizer& optimizer) {
-#if TORCH_VERSION_MAJOR >= 2
-  optimizer.zero_grad(/*set_to_none=*/false);
-#else
-  optimizer.zero_grad();
-#endif
-}
-
 // Fused AdamW: one multi-tensor kernel updates every parameter of a group (at::_fused_adamw_;
 // LibTorch 2.1 on, CUDA), where torch::optim::AdamW launches about a dozen kernels per
 // parameter (its optimizer phase took 30 ms a step for the 222M preset on an H200, the fused

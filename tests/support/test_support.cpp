@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -54,6 +55,10 @@ const std::filesystem::path& demo_dataset(int samples, int val_samples, int seed
   static std::map<std::tuple<int, int, int>,
                   std::pair<std::unique_ptr<TempDir>, std::filesystem::path>>
       written;
+  // Tests call this from several threads at once (the ranks of a multi-process run): one
+  // writes, the others wait for it.
+  static std::mutex mutex;
+  const std::lock_guard<std::mutex> lock(mutex);
   auto& entry = written[{samples, val_samples, seed}];
   if (!entry.first) {
     auto dir = std::make_unique<TempDir>("vlmtrain-demo-data");

@@ -17,8 +17,8 @@ packages=(
   libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
   # images and tokenizer
   libturbojpeg0-dev libpng-dev libstb-dev libpcre2-dev
-  # lint of the job scripts (CI)
-  shellcheck
+  # lint of the job scripts (CI); xz for the recorded GPU traces the tests replay (bench/gpu/)
+  shellcheck xz-utils
   # fuzzing (scripts/fuzz.sh, CI): clang and its libFuzzer and sanitizer runtimes
   clang libclang-rt-14-dev
 )

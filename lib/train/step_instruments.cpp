@@ -32,7 +32,17 @@ StepInstruments::StepInstruments(const OutputConfig& output, const fs::path& run
   }
 }
 
-StepInstruments::~StepInstruments() = default;
+// A run that ends (or stops) before the profiled steps are done leaves no profile: said, since
+// the user asked for one.
+StepInstruments::~StepInstruments() {
+  if (output_.profile_steps > 0 && !profile_written_ && rank_ == 0) {
+    spdlog::warn(
+        "no profile written: the run ended before its step {} (output.profile_steps {} "
+        "after output.profile_warmup_steps {})",
+        first_step_ + output_.profile_warmup_steps + output_.profile_steps, output_.profile_steps,
+        output_.profile_warmup_steps);
+  }
+}
 
 void StepInstruments::begin_step(int64_t step) {
   const int64_t nth = step - first_step_;  // 1 for this run's first step
@@ -61,6 +71,7 @@ void StepInstruments::end_step(int64_t step) {
     const fs::path trace_file = run_dir_ / rank_file("profile", rank_, ".json");
     nlohmann::json summary = profiler_->finish(trace_file);
     profiler_.reset();
+    profile_written_ = true;
     summary["first_step"] = step - output_.profile_steps + 1;
     summary["last_step"] = step;
     summary["device"] = device_.str();

@@ -44,6 +44,7 @@ class StepInstruments {
   std::unique_ptr<runtime::MemoryTrace> trace_;
   std::unique_ptr<runtime::Profiler> profiler_;
   std::unique_ptr<runtime::PhaseScope> step_scope_;
+  bool profile_written_ = false;
 };
 
 }  // namespace vlm::train

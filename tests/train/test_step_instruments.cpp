@@ -167,6 +167,17 @@ CATCH_TEST_CASE("a profile summarises the steps it profiled", "[train][profile]"
   CATCH_CHECK(trace["traceEvents"].size() > 100);
 }
 
+CATCH_TEST_CASE("a run too short for its profile says so", "[train][profile]") {
+  TempDir out("vlmtrain-profile-short");
+  const auto r = run_vlmtrain(run_args(out.path(),
+                                       "--set train.max_steps=2 "
+                                       "--set output.profile_steps=2"));
+  CATCH_REQUIRE(r.exit_code == 0);
+  CATCH_CHECK(r.output.find("no profile written: the run ended before its step 5") !=
+              std::string::npos);
+  CATCH_CHECK_FALSE(fs::exists(out / "profile-summary.rank0.json"));
+}
+
 CATCH_TEST_CASE("profile_steps is refused with a usage error (LibTorch 1.13)",
                 "[train][profile][libtorch1.13]") {
   TempDir out("vlmtrain-profile-113");

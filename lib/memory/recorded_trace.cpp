@@ -55,11 +55,14 @@ RecordedTrace read_memory_trace(std::istream& in) {
       state = &s.start_state;
     } else if (k == 'X') {
       size_t id = 0;
-      if (!(f >> id)) bad_line(number, line, "expected X id text");
+      // The writer defines each context once, in order: any other id is not its output (and a
+      // huge one must not size a table).
+      if (!(f >> id) || id != trace.contexts.size()) {
+        bad_line(number, line, "expected X id text, ids in order from 0");
+      }
       std::string text;
       std::getline(f >> std::ws, text);
-      if (trace.contexts.size() <= id) trace.contexts.resize(id + 1);
-      trace.contexts[id] = text;
+      trace.contexts.push_back(text);
     } else if (k == 'G') {
       std::string address;
       int64_t size = 0;
@@ -71,8 +74,8 @@ RecordedTrace read_memory_trace(std::istream& in) {
     } else if (k == 'B') {
       int64_t bytes = 0;
       int allocated = 0;
-      if (state == nullptr || state->empty() || !(f >> bytes >> allocated)) {
-        bad_line(number, line, "expected B bytes allocated after G");
+      if (state == nullptr || state->empty() || !(f >> bytes >> allocated) || bytes <= 0) {
+        bad_line(number, line, "expected B bytes (> 0) allocated after G");
       }
       state->back().blocks.emplace_back(bytes, allocated != 0);
     } else if (k == 'E') {
@@ -92,8 +95,9 @@ RecordedTrace read_memory_trace(std::istream& in) {
       e.kind = k;
       std::string address;
       int stream = 0;
-      if (!(f >> e.bytes >> address >> stream >> e.context)) {
-        bad_line(number, line, "expected kind bytes address stream context");
+      if (!(f >> e.bytes >> address >> stream >> e.context) || e.bytes < 0 || e.context < 0 ||
+          static_cast<size_t>(e.context) >= trace.contexts.size()) {
+        bad_line(number, line, "expected kind bytes (>= 0) address stream context (defined)");
       }
       e.address = hex(address, number, line);
       trace.steps.back().events.push_back(e);

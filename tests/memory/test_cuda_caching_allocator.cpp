@@ -105,9 +105,18 @@ TEST_CASE("the best fit is the smallest cached block, and freed neighbours merge
 }
 
 TEST_CASE("a malformed memory trace is refused with its line", "[cuda_allocator]") {
-  std::istringstream in("# vlmtrain memory trace 1\n# x\nS 1 0 0\nA 12 zz 0 0\n");
+  std::istringstream in("# vlmtrain memory trace 1\n# x\nS 1 0 0\nX 0 a\nA 12 zz 0 0\n");
   CHECK_THROWS_WITH(vlm::memory::read_memory_trace(in),
-                    Catch::Contains("line 4") && Catch::Contains("hex address"));
+                    Catch::Contains("line 5") && Catch::Contains("hex address"));
+  // A huge context id sizes no table; contexts, blocks and events must be the writer's.
+  for (const char* bad :
+       {"S 1 0 0\nX 999999999999999 a;b\n", "S 1 0 0\nX 1 a\n", "S 1 0 0\nA 512 7f 0 0\n",
+        "S 1 0 0\nX 0 a\nA -5 7f 0 0\n", "S 1 0 0\nG 7f 1024 1 0\nB 0 1\n", "E 1 0 0 0 0\n",
+        "S 1 0 0\nE 2 0 0 0 0\n", "Q 1\n"}) {
+    CAPTURE(bad);
+    std::istringstream trace(bad);
+    CHECK_THROWS_AS(vlm::memory::read_memory_trace(trace), std::runtime_error);
+  }
 }
 
 TEST_CASE("every recorded GPU trace replays on the allocator model, choice for choice",

@@ -18,7 +18,8 @@
 # DIR/memory-traces.tar, and the throughput check profiles its last steps into
 # DIR/profiles.tar (docs/gpu.md, "Recording"); --record-runs names the matrix's runs to record
 # (default: all). --only names checks in the order to run them.
-# --target builds one target (vlmtrain) instead of the whole tree.
+# --target builds the named targets (comma-separated: vlmtrain,parity_check) instead of the
+# whole tree.
 #
 # --nanovlm PATH (a nanoVLM checkout): the throughput check also times nanoVLM's own training
 # step on the same tokens and crops (bench/nanovlm_throughput.py) and reports the ratio.
@@ -69,7 +70,7 @@ if [ "$build" = 1 ]; then
   # shellcheck disable=SC2086  # VLM_CMAKE_ARGS is a list of flags
   if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_PREFIX_PATH="$prefix" ${VLM_CMAKE_ARGS:-} > "$work/configure.log" 2>&1 ||
-     ! cmake --build "$build_dir" -j "$(nproc)" ${target:+--target "$target"} \
+     ! cmake --build "$build_dir" -j "$(nproc)" ${target:+--target ${target//,/ }} \
          > "$work/build.log" 2>&1; then
     echo "gpu-check: the build failed; see $work/configure.log and $work/build.log" >&2
     grep -E -A3 'error:|CMake Error' "$work/configure.log" "$work/build.log" | head -40 >&2
@@ -98,6 +99,7 @@ torch_version=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null 
 header="{\"gpu\": \"$gpu\", \"torch\": \"$torch_version\", \"ctest\": $ctest_json, \
 \"vlmtrain\": \"$("$build_dir/vlmtrain" --version | head -1)\"}"
 args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --header "$header")
+[ -x "$build_dir/tests/parity_check" ] && args+=(--parity-check "$build_dir/tests/parity_check")
 [ -n "$only" ] && args+=(--only "$only")
 [ -n "$presets" ] && args+=(--presets "$presets")
 [ -n "$nanovlm" ] && args+=(--nanovlm "$nanovlm")

@@ -371,25 +371,67 @@ def check_fp16(r):
             "skipped_steps": steps[-1].get("skipped_steps", 0)}
 
 
-def check_throughput(r, presets, steps, nanovlm_path, artifacts=""):
+def check_attention(r, parity_check):
+    """The varlen FlashAttention path (model.attention=varlen) against the grouped path on the
+    same packed batch, same weights, bf16 autocast on the GPU: loss, every logit and every
+    gradient within docs/parity.md's bf16 bounds (tests/parity/parity_check.cpp
+    --compare-attention), for the tiny preset and for 2-block versions of the 222M and 460M
+    presets (their head sizes and grouped-query layouts). Beside it, not gating: the tiny case on
+    the GPU against nanoVLM's reference recorded on a CPU (tests/parity/reference_tiny.json)."""
+    if not parity_check or not os.path.exists(parity_check):
+        raise CheckFailed("no parity_check binary (build it: --target vlmtrain,parity_check)")
+    out = {}
+    cases = [("tiny", []), ("nanovlm-222m", ["--vision-layers", "2", "--language-layers", "2"]),
+             ("nanovlm-460m", ["--vision-layers", "2", "--language-layers", "2"])]
+    failed = []
+    for preset, layers in cases:
+        run = subprocess.run([parity_check, "--preset", preset, *layers, "--device", "cuda",
+                              "--precision", "bf16", "--attention", "varlen",
+                              "--compare-attention", "grouped"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out[preset] = {"exit": run.returncode, "output": run.stdout.strip().splitlines()}
+        if run.returncode != 0:
+            failed.append(preset)
+    for precision in ("fp32", "bf16"):
+        run = subprocess.run([parity_check, "--device", "cuda", "--precision", precision,
+                              "--reference", os.path.join(ROOT, "tests", "parity",
+                                                          "reference_tiny.json")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out[f"tiny-against-nanovlm-{precision}"] = {"exit": run.returncode,
+                                                    "output": run.stdout.strip().splitlines()}
+    if failed:
+        raise CheckFailed(f"varlen against grouped beyond the bounds: {failed} "
+                          f"({json.dumps(out)})")
+    return out
+
+
+def check_throughput(r, presets, steps, nanovlm_path, artifacts="", variant="", extra=(),
+                     rows=1):
+    """Useful tokens/s and MFU of `rows` 4096-token rows per step, bf16; with artifacts the
+    last 3 steps are profiled, with nanovlm_path nanoVLM's own step runs on the same tokens and
+    crops. `variant` names runs with `extra` overrides (the grouped attention, say)."""
     out = {}
     for preset in presets:
         # The last 3 steps are profiled (output.profile_steps); the throughput figures are the
         # steps before them (the profiler slows the host).
         profiled = 3 if artifacts else 0
-        _, run, recs = r.train(f"throughput-{preset}", "configs/nanovlm.yaml",
-                               nanovlm(preset) + ["train.batch_size=1", "train.precision=bf16",
+        label = f"{preset}{'-' + variant if variant else ''}"
+        _, run, recs = r.train(f"throughput-{label}", "configs/nanovlm.yaml",
+                               nanovlm(preset) + [f"train.batch_size={rows}",
+                                                  "train.precision=bf16",
                                                   f"train.max_steps={steps + profiled}",
                                                   f"output.profile_steps={profiled}",
-                                                  f"output.profile_warmup_steps={steps}"])
+                                                  f"output.profile_warmup_steps={steps}",
+                                                  *extra])
         ours = summary_of(recs[:steps], skip=3)
         out[preset] = ours
         summary_file = os.path.join(run, "profile-summary.rank0.json")
         if profiled and os.path.exists(summary_file):
             with open(summary_file) as f:
                 ours["profile"] = json.load(f)
-            add_to_tar(os.path.join(artifacts, "profiles.tar"), f"{preset}/profile.rank0.json.xz",
+            add_to_tar(os.path.join(artifacts, "profiles.tar"), f"{label}/profile.rank0.json.xz",
                        xz(os.path.join(run, "profile.rank0.json")))
+        shutil.rmtree(os.path.join(run, "checkpoints"), ignore_errors=True)
         if not nanovlm_path:
             continue
         # nanoVLM's own training step on a row of the same tokens and crops (the median step's).
@@ -428,6 +470,8 @@ def main():
                    "traces of the recording matrix and the throughput runs' profiles")
     p.add_argument("--only", default="", help="comma-separated check names")
     p.add_argument("--header", default="{}", help="JSON merged into the report (the build's)")
+    p.add_argument("--parity-check", default="", help="the built tests/parity_check (the "
+                   "attention check)")
     p.add_argument("--nanovlm", default="", help="a nanoVLM checkout: its training step's "
                    "tokens/s beside ours in the throughput check")
     a = p.parse_args()
@@ -451,8 +495,16 @@ def main():
         ("checkpointing_equal", lambda: check_checkpointing(r)),
         ("fused_optimizer", lambda: check_fused_optimizer(r)),
         ("resume", lambda: check_resume(r)),
+        ("attention", lambda: check_attention(r, a.parity_check)),
         ("throughput", lambda: check_throughput(r, big, a.throughput_steps, a.nanovlm,
                                                 a.artifacts)),
+        # The same rows with the grouped attention of before (no nanoVLM, no profile): what
+        # the varlen kernel changes, on the same machine.
+        ("throughput_grouped", lambda: check_throughput(r, big, a.throughput_steps, "", "",
+                                                        "grouped", ["model.attention=grouped"])),
+        # More rows per step (2 x 4096 tokens): the GPU fuller, MFU with it.
+        ("throughput_2rows", lambda: check_throughput(r, big, a.throughput_steps, "", "",
+                                                      "2rows", [], rows=2)),
         ("fp16_step", lambda: check_fp16(r)),
     ]
     report = json.loads(a.header)

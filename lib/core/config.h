@@ -38,6 +38,9 @@ struct ModelLevers {
   // checkpointed so that only one chunk's logits ([chunk, vocab] fp32) exist at once;
   // 0 = all supervised tokens in one piece.
   int64_t loss_chunk_tokens = 0;
+  // How the decoder's block-diagonal causal attention runs (model/packed_attention.h): auto,
+  // varlen (one FlashAttention call over all segments, CUDA), grouped, per_segment.
+  std::string attention = "auto";
 
   bool frozen_in_bf16() const { return frozen_dtype == "bf16"; }
 };
@@ -128,6 +131,12 @@ void visit_fields(V& v, ModelConfig& c) {
           "Compute the loss over at most this many supervised tokens at a time (bounds the logits' "
           "memory); 0 = all at once.",
           IntRange{0, 1 << 24});
+  v.field(c.attention, "attention",
+          "How the decoder attends within each packed sample: auto (varlen on CUDA in bf16/fp16 "
+          "on sm80+, else grouped; per_segment on LibTorch 1.13), varlen (one FlashAttention "
+          "call over every sample of the micro-batch), grouped (samples of similar length "
+          "padded into batches), per_segment (one masked call per sample).",
+          Choices{{"auto", "varlen", "grouped", "per_segment"}});
 }
 
 // --- data -------------------------------------------------------------------------------

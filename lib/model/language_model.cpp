@@ -32,6 +32,11 @@ RMSNormImpl::RMSNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // CUDA: one fused kernel forward and one backward (runtime/compat.h) instead of a dozen
+  // elementwise launches; it too normalises in fp32.
+  if (runtime::compat::kFusedRmsNorm && x.is_cuda()) {
+    return runtime::compat::fused_rms_norm(x, weight.to(x.scalar_type()), eps_);
+  }
   const torch::Tensor x32 = x.to(torch::kFloat);
   const torch::Tensor normalized = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps_);
   return normalized.to(x.scalar_type()) * weight.to(x.scalar_type());
@@ -73,7 +78,8 @@ LanguageModelGroupedQueryAttentionImpl::LanguageModelGroupedQueryAttentionImpl(
 torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward(const torch::Tensor& x,
                                                               const torch::Tensor& cos,
                                                               const torch::Tensor& sin,
-                                                              const torch::Tensor& allowed) {
+                                                              const torch::Tensor& allowed,
+                                                              AttentionChoice attention) {
   const int64_t batch = x.size(0), tokens = x.size(1);
   const auto heads = [&](const torch::Tensor& t, int64_t count) {
     return t.view({batch, tokens, count, head_dim_}).transpose(1, 2);
@@ -81,7 +87,7 @@ torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward(const torch::Tenso
   const torch::Tensor q = apply_rotary(heads(q_proj->forward(x), num_heads_), cos, sin);
   const torch::Tensor k = apply_rotary(heads(k_proj->forward(x), num_kv_heads_), cos, sin);
   const torch::Tensor v = heads(v_proj->forward(x), num_kv_heads_);
-  const torch::Tensor attended = multi_head_attention(q, k, v, allowed);
+  const torch::Tensor attended = multi_head_attention(q, k, v, allowed, attention);
   return out_proj->forward(
       attended.transpose(1, 2).contiguous().view({batch, tokens, num_heads_ * head_dim_}));
 }
@@ -138,8 +144,9 @@ LanguageModelBlockImpl::LanguageModelBlockImpl(const spec::LanguageSpec& spec) {
 
 torch::Tensor LanguageModelBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                               const torch::Tensor& sin,
-                                              const torch::Tensor& allowed) {
-  const torch::Tensor h = x + attn->forward(norm1->forward(x), cos, sin, allowed);
+                                              const torch::Tensor& allowed,
+                                              AttentionChoice attention) {
+  const torch::Tensor h = x + attn->forward(norm1->forward(x), cos, sin, allowed, attention);
   return h + mlp->forward(norm2->forward(h));
 }
 
@@ -171,7 +178,8 @@ torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids) {
 
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeddings,
                                          const torch::Tensor& position_ids,
-                                         const torch::Tensor& allowed, bool checkpoint_blocks) {
+                                         const torch::Tensor& allowed, bool checkpoint_blocks,
+                                         AttentionChoice attention) {
   const auto tables = rotary_embd->forward(position_ids);
   const torch::Tensor cos = tables.first, sin = tables.second;
   torch::Tensor x = embeddings;
@@ -179,11 +187,13 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeddings,
     const auto block = std::dynamic_pointer_cast<LanguageModelBlockImpl>(module);
     if (checkpoint_blocks) {
       // The closure keeps cos/sin/allowed alive until backward; all blocks share them.
-      x = checkpointed([block, cos, sin, allowed](
-                           const torch::Tensor& h) { return block->forward(h, cos, sin, allowed); },
-                       x, block->parameters());
+      x = checkpointed(
+          [block, cos, sin, allowed, attention](const torch::Tensor& h) {
+            return block->forward(h, cos, sin, allowed, attention);
+          },
+          x, block->parameters());
     } else {
-      x = block->forward(x, cos, sin, allowed);
+      x = block->forward(x, cos, sin, allowed, attention);
     }
   }
   return norm->forward(x);

@@ -17,6 +17,7 @@
 
 #include <vector>
 
+#include "model/packed_attention.h"
 #include "spec/model_spec.h"
 
 namespace vlm::model {
@@ -72,7 +73,8 @@ class LanguageModelGroupedQueryAttentionImpl : public torch::nn::Module {
   explicit LanguageModelGroupedQueryAttentionImpl(const spec::LanguageSpec& spec);
   // x [B, T, d]; cos/sin from RotaryEmbedding; `allowed` [B, 1, T, T] from packed_causal_mask.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& allowed);
+                        const torch::Tensor& allowed,
+                        AttentionChoice attention = AttentionChoice::kAuto);
   // One sequence's next tokens x [1, t, d] after the `cache.keys` already seen: appends their
   // keys and values to `cache` and attends causally over all of them.
   torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
@@ -101,7 +103,8 @@ class LanguageModelBlockImpl : public torch::nn::Module {
  public:
   explicit LanguageModelBlockImpl(const spec::LanguageSpec& spec);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& allowed);
+                        const torch::Tensor& allowed,
+                        AttentionChoice attention = AttentionChoice::kAuto);
   torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin, KvCacheLayer& cache);
 
@@ -119,7 +122,8 @@ class LanguageModelImpl : public torch::nn::Module {
   torch::Tensor embed(const torch::Tensor& input_ids);  // [B, T] -> [B, T, d]
   // embeddings [B, T, d] -> hidden states after the final norm, [B, T, d].
   torch::Tensor forward(const torch::Tensor& embeddings, const torch::Tensor& position_ids,
-                        const torch::Tensor& allowed, bool checkpoint_blocks = false);
+                        const torch::Tensor& allowed, bool checkpoint_blocks = false,
+                        AttentionChoice attention = AttentionChoice::kAuto);
   // Incremental decoding of one sequence (no gradients): embeddings [1, t, d] of the tokens at
   // positions cache.length .. cache.length + t - 1 -> their hidden states after the final norm,
   // [1, t, d]; the cache grows by t. The same numbers as forward over the whole sequence.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/varlen_attention.h"
 #include "runtime/compat.h"
 
 namespace vlm::model {
@@ -146,6 +147,7 @@ torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k,
 torch::Tensor segment_attention(const torch::Tensor& q, const torch::Tensor& keys,
                                 const torch::Tensor& values, const torch::Tensor& cu_seqlens,
                                 SegmentKernel kernel) {
+  if (kernel == SegmentKernel::kVarlen) return varlen_causal_attention(q, keys, values, cu_seqlens);
   const int64_t batch = q.size(0), heads = q.size(1), tokens = q.size(2), dim = q.size(3);
   const torch::Tensor bounds = cu_seqlens.to(torch::kCPU, torch::kLong).contiguous();
   if (kernel == SegmentKernel::kGroupedCausal) {
@@ -181,16 +183,51 @@ SegmentKernel default_segment_kernel() {
                                                 : SegmentKernel::kPerSegmentMask;
 }
 
+AttentionChoice parse_attention_choice(const std::string& name) {
+  if (name == "auto") return AttentionChoice::kAuto;
+  if (name == "varlen") return AttentionChoice::kVarlen;
+  if (name == "grouped") return AttentionChoice::kGrouped;
+  if (name == "per_segment") return AttentionChoice::kPerSegment;
+  throw std::invalid_argument("unknown attention kernel '" + name +
+                              "' (known: auto, varlen, grouped, per_segment)");
+}
+
+SegmentKernel resolve_segment_kernel(AttentionChoice choice, const torch::Tensor& q,
+                                     int64_t kv_heads) {
+  switch (choice) {
+    case AttentionChoice::kGrouped:
+      return SegmentKernel::kGroupedCausal;
+    case AttentionChoice::kPerSegment:
+      return SegmentKernel::kPerSegmentMask;
+    case AttentionChoice::kVarlen: {
+      const std::string why_not = varlen_attention_unavailable(q, kv_heads);
+      if (!why_not.empty()) {
+        throw std::invalid_argument("model.attention is varlen, which cannot run here: " + why_not);
+      }
+      return SegmentKernel::kVarlen;
+    }
+    case AttentionChoice::kAuto:
+      break;
+  }
+  return varlen_attention_unavailable(q, kv_heads).empty() ? SegmentKernel::kVarlen
+                                                           : default_segment_kernel();
+}
+
 torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const torch::Tensor& allowed) {
+                                   const torch::Tensor& v, const torch::Tensor& allowed,
+                                   AttentionChoice choice) {
+  const bool segments = allowed.defined() && allowed.dim() == 1;
+  const SegmentKernel kernel =
+      segments ? resolve_segment_kernel(choice, q, k.size(1)) : default_segment_kernel();
+  if (segments && kernel == SegmentKernel::kVarlen) {
+    return varlen_causal_attention(q, k, v, allowed);  // grouped-query heads native
+  }
   const int64_t groups = q.size(1) / k.size(1);
   // repeat_interleave, as nanoVLM and HF's repeat_kv: query heads [g*j, g*j + g) share kv
   // head j, which is the layout pretrained SmolLM2 weights expect.
   const torch::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const torch::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  if (allowed.defined() && allowed.dim() == 1) {
-    return segment_attention(q, keys, values, allowed, default_segment_kernel());
-  }
+  if (segments) return segment_attention(q, keys, values, allowed, kernel);
   return runtime::compat::scaled_dot_product_attention(q, keys, values, allowed);
 }
 

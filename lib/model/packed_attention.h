@@ -11,6 +11,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace vlm::model {
@@ -22,14 +23,28 @@ torch::Tensor segment_ids(const torch::Tensor& cu_seqlens, int64_t batch, int64_
 // Boolean mask [B, 1, T, T]: true where query i may attend to key j (same segment, j <= i).
 torch::Tensor packed_causal_mask(const torch::Tensor& cu_seqlens, int64_t batch, int64_t seq_len);
 
-// How causal attention runs segment by segment (both give the same result):
+// How causal attention runs segment by segment (all give the same result up to rounding):
 //   kPerSegmentMask  one attention call per segment with a boolean lower-triangular mask. The
 //                    path of LibTorch 1.13, which has no fused kernel; the memory model replays
 //                    it op by op.
 //   kGroupedCausal   segments of similar length padded into one batch per group, attending with
 //                    is_causal and no mask, so LibTorch 2.x runs its fused kernels (flash
-//                    attention on CUDA). The default from 2.0 (runtime/compat.h).
-enum class SegmentKernel { kPerSegmentMask, kGroupedCausal };
+//                    attention on CUDA). The default from 2.0 where varlen cannot run.
+//   kVarlen          one FlashAttention call over every segment of the micro-batch at once
+//                    (cumulative sequence lengths, grouped-query heads native: no gathers, no
+//                    padding, no repeated keys and values): CUDA, bf16 or fp16, sm80 on
+//                    (model/varlen_attention.h). The default where it can run.
+enum class SegmentKernel { kPerSegmentMask, kGroupedCausal, kVarlen };
+
+// `model.attention` (core/config.h): auto, or a kernel by name.
+enum class AttentionChoice { kAuto, kVarlen, kGrouped, kPerSegment };
+AttentionChoice parse_attention_choice(const std::string& name);
+
+// The kernel `choice` runs for queries like `q` (its device, dtype and head size): auto picks
+// varlen where it can run, else the version's default (grouped from 2.0, per segment on
+// 1.13). An explicit varlen that cannot run here throws std::invalid_argument saying why.
+SegmentKernel resolve_segment_kernel(AttentionChoice choice, const torch::Tensor& q,
+                                     int64_t kv_heads);
 SegmentKernel default_segment_kernel();
 
 // kGroupedCausal's groups: segment indices (longest first) padded to `padded` tokens, the
@@ -52,8 +67,10 @@ torch::Tensor segment_attention(const torch::Tensor& q, const torch::Tensor& key
 // either the 1-D cu_seqlens (causal attention computed segment by segment: O(sum len^2), what
 // the language model uses), a boolean mask as from packed_causal_mask (the same result at
 // O(T^2)), or undefined for full bidirectional attention (the ViT).
-// Returns [B, Hq, T, D]. The LibTorch-version-specific kernel is in runtime/compat.h.
+// Returns [B, Hq, T, D]. The LibTorch-version-specific kernel is in runtime/compat.h; `choice`
+// picks the segment kernel when `allowed` is cu_seqlens.
 torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const torch::Tensor& allowed);
+                                   const torch::Tensor& v, const torch::Tensor& allowed,
+                                   AttentionChoice choice = AttentionChoice::kAuto);
 
 }  // namespace vlm::model

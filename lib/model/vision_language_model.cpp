@@ -57,6 +57,7 @@ void VisionLanguageModelImpl::set_runtime_levers(const ModelLevers& levers) {
   levers_.checkpoint_language = levers.checkpoint_language;
   levers_.vision_chunk_crops = levers.vision_chunk_crops;
   levers_.loss_chunk_tokens = levers.loss_chunk_tokens;
+  levers_.attention = levers.attention;
 }
 
 torch::Tensor VisionLanguageModelImpl::encode_crops(const torch::Tensor& crops) {
@@ -102,7 +103,7 @@ VlmOutput VisionLanguageModelImpl::forward_embeddings(const torch::Tensor& embed
   const torch::Tensor allowed = batch.cu_seqlens.to(torch::kCPU, torch::kLong);
   const torch::Tensor hidden =
       decoder->forward(embeddings.to(module_dtype(*decoder)), batch.position_ids, allowed,
-                       levers_.checkpoint_language);
+                       levers_.checkpoint_language, parse_attention_choice(levers_.attention));
   const TokenLoss loss =
       token_losses(hidden, batch.labels, decoder->head_weight(), levers_.loss_chunk_tokens);
   VlmOutput out{loss.sum, loss.count, torch::Tensor()};

@@ -58,8 +58,8 @@ class VisionLanguageModelImpl : public torch::nn::Module {
 
   const spec::ModelSpec& spec() const { return spec_; }
   const ModelLevers& levers() const { return levers_; }
-  // Checkpointing, chunking and loss chunking may change after construction (between steps);
-  // freezing and dtypes are fixed at construction.
+  // Checkpointing, chunking, loss chunking and the attention kernel may change after
+  // construction (between steps); freezing and dtypes are fixed at construction.
   void set_runtime_levers(const ModelLevers& levers);
 
   ViT vision_encoder{nullptr};

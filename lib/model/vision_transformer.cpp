@@ -4,6 +4,7 @@
 
 #include "model/activation_checkpoint.h"
 #include "model/packed_attention.h"
+#include "runtime/compat.h"
 #include "spec/derived.h"
 
 namespace vlm::model {
@@ -20,6 +21,11 @@ torch::nn::Linear init_linear(int64_t in, int64_t out) {
   linear->weight.normal_(0.0, kInitStd);
   linear->bias.zero_();
   return linear;
+}
+
+// A linear layer's forward through runtime/compat.h (one GEMM with the bias fused on 2.x).
+torch::Tensor project(const torch::nn::Linear& linear, const torch::Tensor& x) {
+  return runtime::compat::linear(x, linear->weight, linear->bias);
 }
 
 torch::nn::LayerNorm make_layer_norm(const spec::VisionSpec& spec) {
@@ -57,7 +63,7 @@ torch::Tensor ViTPatchEmbeddingsImpl::forward(const torch::Tensor& crops) {
                                     .permute({0, 2, 4, 1, 3, 5})
                                     .reshape({crops_n, rows * cols, channels * p * p});
   const torch::Tensor kernel = conv->weight.view({conv->weight.size(0), -1});
-  return torch::nn::functional::linear(patches, kernel, conv->bias) + position_embedding;
+  return runtime::compat::linear(patches, kernel, conv->bias) + position_embedding;
 }
 
 ViTMultiHeadAttentionImpl::ViTMultiHeadAttentionImpl(const spec::VisionSpec& spec)
@@ -72,10 +78,10 @@ torch::Tensor ViTMultiHeadAttentionImpl::forward(const torch::Tensor& x) {
   const auto heads = [&](const torch::Tensor& t) {
     return t.view({batch, tokens, num_heads_, head_dim}).transpose(1, 2);
   };
-  const auto qkv = qkv_proj->forward(x).split(width, 2);
+  const auto qkv = project(qkv_proj, x).split(width, 2);
   const torch::Tensor attended =
       multi_head_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), torch::Tensor());
-  return out_proj->forward(attended.transpose(1, 2).contiguous().view({batch, tokens, width}));
+  return project(out_proj, attended.transpose(1, 2).contiguous().view({batch, tokens, width}));
 }
 
 ViTMLPImpl::ViTMLPImpl(const spec::VisionSpec& spec) {
@@ -84,7 +90,7 @@ ViTMLPImpl::ViTMLPImpl(const spec::VisionSpec& spec) {
 }
 
 torch::Tensor ViTMLPImpl::forward(const torch::Tensor& x) {
-  return fc2->forward(torch::gelu(fc1->forward(x), "tanh"));
+  return project(fc2, torch::gelu(project(fc1, x), "tanh"));
 }
 
 ViTBlockImpl::ViTBlockImpl(const spec::VisionSpec& spec) {

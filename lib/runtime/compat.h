@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #if defined(VLM_WITH_CUDA)
@@ -203,6 +204,69 @@ inline void use_shape_agnostic_attention_kernels() {
   at::globalContext().setSDPUseCuDNN(false);
 #endif
 }
+
+// RMSNorm as one op (model/language_model.cpp, on CUDA tensors): at::rms_norm, which 2.11 runs
+// as one fused kernel forward and one backward on CUDA (normalising in fp32, as the op-by-op
+// form does) instead of a dozen elementwise launches. Earlier versions keep the op-by-op form.
+inline constexpr bool kFusedRmsNorm = VLM_TORCH_AT_LEAST(2, 11);
+
+inline at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#if VLM_TORCH_AT_LEAST(2, 11)
+  return at::rms_norm(x, {x.size(-1)}, weight, eps).to(x.scalar_type());
+#else
+  (void)x, (void)weight, (void)eps;
+  TORCH_CHECK(false, "fused RMSNorm needs LibTorch 2.11");
+#endif
+}
+
+// A linear layer with a bias (the ViT's): at::linear from 2.x, which runs a 3-D input as one
+// GEMM with the bias in its epilogue (addmm). 1.13 keeps the C++ frontend's
+// torch::nn::functional::linear, a matmul followed by an in-place bias addition, whose
+// allocations the 1.13 memory model replays; on 2.x under autocast that addition was an fp32
+// bias added into a bf16 product by the casting (non-vectorised) kernel, the largest single
+// kernel of a 460M step (docs/BENCHMARKS.md).
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::linear(x, weight, bias);
+#else
+  if (x.dim() == 2 && bias.defined()) return at::addmm(bias, x, weight.t());
+  at::Tensor out = at::matmul(x, weight.t());
+  if (bias.defined()) out += bias;
+  return out;
+#endif
+}
+
+// FlashAttention over cumulative sequence lengths (model/varlen_attention_cuda.cpp): the
+// forward returns (out, logsumexp, rng seed, rng offset, debug mask), the backward takes the
+// seed and offset back. The arguments below are 2.11's declarations (ATen/ops/
+// _flash_attention_{forward,backward}.h), scale and windows left at their defaults; older 2.x
+// versions, whose argument lists changed several times, keep the grouped path.
+#define VLM_VARLEN_FLASH_ATTENTION VLM_TORCH_AT_LEAST(2, 11)
+
+struct FlashVarlenSaved {
+  at::Tensor out, logsumexp, rng_seed, rng_offset;
+};
+
+#if VLM_VARLEN_FLASH_ATTENTION
+// q [N, Hq, D], k, v [N, Hkv, D], cu_seqlens int32 [S + 1] on the device; causal per segment.
+inline FlashVarlenSaved flash_varlen_forward(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, const at::Tensor& cu_seqlens,
+                                             int64_t max_length) {
+  auto [out, logsumexp, seed, offset, debug] = at::_flash_attention_forward(
+      q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, /*dropout_p=*/0.0,
+      /*is_causal=*/true, /*return_debug_mask=*/false);
+  (void)debug;
+  return {out, logsumexp, seed, offset};
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_varlen_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& cu_seqlens, int64_t max_length, const FlashVarlenSaved& saved) {
+  return at::_flash_attention_backward(
+      grad_out, q, k, v, saved.out, saved.logsumexp, cu_seqlens, cu_seqlens, max_length, max_length,
+      /*dropout_p=*/0.0, /*is_causal=*/true, saved.rng_seed, saved.rng_offset);
+}
+#endif
 
 }  // namespace vlm::runtime::compat
 

@@ -14,6 +14,7 @@
 
 #include "core/logging.h"
 #include "data/data_setup.h"
+#include "model/varlen_attention.h"
 #include "runtime/compat.h"
 #include "runtime/distributed.h"
 #include "runtime/memory_stats.h"
@@ -64,6 +65,7 @@ class Trainer {
 
  private:
   void setup();
+  void check_attention_kernel() const;
   void resume_if_possible();
   bool train_step(data::LoadedStep& step, StepMetrics& metrics);
   void step_metrics(const data::LoadedStep& step, const StepWork& work,

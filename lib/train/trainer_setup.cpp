@@ -6,6 +6,30 @@ namespace vlm::train::detail {
 
 // --- setup ----------------------------------------------------------------------------------
 
+// model.attention: an explicit kernel that cannot run on this device, precision or LibTorch is
+// a config error before any work, not an exception in the first forward.
+void Trainer::check_attention_kernel() const {
+  const std::string& kernel = config_.model.attention;
+  std::string why_not;
+  if (kernel == "varlen") {
+    const spec::LanguageSpec& lm = config_.model.dims.language;
+    const torch::Dtype dtype = precision_ == Precision::kFp16   ? torch::kHalf
+                               : precision_ == Precision::kBf16 ? torch::kBFloat16
+                                                                : torch::kFloat;
+    // The queries' shape as the decoder makes them: [B, heads, T, head_dim].
+    const torch::Tensor q = torch::empty({1, lm.num_heads, 1, spec::language_head_dim(lm)},
+                                         torch::TensorOptions().dtype(dtype).device(device_));
+    why_not = model::varlen_attention_unavailable(q, lm.num_kv_heads);
+  } else if (kernel == "grouped" && !runtime::compat::kFusedCausalAttention) {
+    why_not = "it needs LibTorch 2.x's fused causal attention";
+  }
+  if (!why_not.empty()) {
+    throw ConfigError(
+        "model.attention is " + kernel + ", which cannot run here: " + why_not + "; use auto",
+        loaded_.where("model.attention"));
+  }
+}
+
 void Trainer::setup() {
   device_ = choose_device(config_.train.device, dist_.local_rank);
   precision_ = parse_precision(config_.train.precision);
@@ -52,6 +76,7 @@ void Trainer::setup() {
   torch::manual_seed(seed);
   model_ = build_model(config_.model, seed);
   model_->to(device_);
+  check_attention_kernel();
   comm_->broadcast_parameters(model_->parameters(), 0);
 
   GroupedAdamWOptions adam;

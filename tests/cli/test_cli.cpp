@@ -299,6 +299,18 @@ TEST_CASE("calibrate-memory and memory.calibration refuse bad input with the doc
   CHECK(r.output.find("memory calibration file not found") != std::string::npos);
 }
 
+TEST_CASE("train: model.attention varlen where it cannot run is a config error before any work") {
+  TempDir dir;
+  const std::string out = (dir / "run").string();
+  const auto r = run_vlmtrain(tiny_run(dir, out, 1, "--set model.attention=varlen"));
+  CHECK(r.exit_code == kUsage);
+  INFO(r.output);
+  CHECK(r.output.find("error: --set model.attention=varlen: model.attention is varlen, which "
+                      "cannot run here: the queries are on cpu, not a CUDA device; use auto") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::path(out) / "checkpoints"));
+}
+
 TEST_CASE("inspect-batches reports the share of samples the limits dropped") {
   TempDir dir;
   const auto [all, all_log] = inspect_demo(dir, 512);

@@ -8,6 +8,7 @@
 
 #include "model/model_fixtures.h"
 #include "model/packed_attention.h"
+#include "model/varlen_attention.h"
 
 using namespace vlm;
 
@@ -126,4 +127,43 @@ CATCH_TEST_CASE("the grouped causal path equals the per-segment masked path, val
   const torch::Tensor full = model::multi_head_attention(
       q, k, v, model::packed_causal_mask(cu, rows, tokens));
   CATCH_CHECK((full.detach() - masked[0]).abs().max().item<double>() < 1e-6);
+}
+
+CATCH_TEST_CASE("model.attention resolves to a kernel and says why varlen cannot run here") {
+  const torch::Tensor q = torch::zeros({1, 4, 8, 16}, torch::kBFloat16);  // [B, H, T, D], CPU
+  CATCH_CHECK(model::resolve_segment_kernel(model::AttentionChoice::kAuto, q, 2) ==
+              model::default_segment_kernel());
+  CATCH_CHECK(model::resolve_segment_kernel(model::AttentionChoice::kGrouped, q, 2) ==
+              model::SegmentKernel::kGroupedCausal);
+  CATCH_CHECK(model::resolve_segment_kernel(model::AttentionChoice::kPerSegment, q, 2) ==
+              model::SegmentKernel::kPerSegmentMask);
+  const std::string why_not = model::varlen_attention_unavailable(q, 2);
+  CATCH_CHECK_FALSE(why_not.empty());
+  CATCH_CHECK_THROWS_WITH(
+      model::resolve_segment_kernel(model::AttentionChoice::kVarlen, q, 2),
+      Catch::Contains("model.attention is varlen, which cannot run here: " + why_not));
+  CATCH_CHECK(model::parse_attention_choice("per_segment") == model::AttentionChoice::kPerSegment);
+  CATCH_CHECK_THROWS_WITH(model::parse_attention_choice("flash"),
+                          Catch::Contains("known: auto, varlen, grouped, per_segment"));
+}
+
+CATCH_TEST_CASE(
+    "multi_head_attention: the grouped and per-segment choices agree with grouped-query "
+    "heads") {
+  torch::manual_seed(11);
+  const torch::Tensor cu = torch::tensor({0, 5, 16, 19, 32}, torch::kLong);  // rows of 16
+  const torch::Tensor q = torch::randn({2, 4, 16, 8}, torch::kDouble);
+  const torch::Tensor k = torch::randn({2, 2, 16, 8}, torch::kDouble);
+  const torch::Tensor v = torch::randn({2, 2, 16, 8}, torch::kDouble);
+  const torch::Tensor grouped =
+      model::multi_head_attention(q, k, v, cu, model::AttentionChoice::kGrouped);
+  const torch::Tensor masked =
+      model::multi_head_attention(q, k, v, cu, model::AttentionChoice::kPerSegment);
+  CATCH_CHECK((grouped - masked).abs().max().item<double>() < 1e-12);
+  // Query head 3 reads key/value head 1 (heads [2, 4) share it): equal to the same attention
+  // with that key/value head given to it alone.
+  const torch::Tensor alone =
+      model::multi_head_attention(q.narrow(1, 3, 1), k.narrow(1, 1, 1), v.narrow(1, 1, 1), cu,
+                                  model::AttentionChoice::kPerSegment);
+  CATCH_CHECK((masked.narrow(1, 3, 1) - alone).abs().max().item<double>() < 1e-12);
 }

@@ -38,7 +38,10 @@ struct Options {
   int64_t vision_layers = 0, language_layers = 0;  // 0: the preset's
   uint64_t seed = 20261124;
   std::string precision = "fp32";
+  std::string device = "cpu";      // where the model runs (the reference was recorded on a CPU)
+  std::string attention = "auto";  // model.attention
   std::string write_case, reference;
+  std::string compare_attention;  // a second model.attention to compare against --attention
 };
 
 // Bounds per precision (docs/parity.md): relative for the loss and gradient norms, absolute
@@ -160,6 +163,9 @@ Case make_case(const Options& o) {
                       &c.rows_mask);
   c.packed = make_batch(c.spec, {{{k + 10, {2}}, {t - k - 10, {}}}, {{t / 2, {}}, {t / 2 - 3, {4}}}},
                         t, rng, &c.packed_mask);
+  vlm::ModelLevers levers;
+  levers.attention = o.attention;
+  c.model->set_runtime_levers(levers);
   return c;
 }
 
@@ -228,20 +234,34 @@ VlmBatch rows_of(const VlmBatch& b, int64_t first, int64_t last, int64_t per_cro
   return out;
 }
 
-Result run(Case& c, const VlmBatch& batch, const std::string& precision) {
+// `b` on `device`; the boundaries stay on the host, where attention reads them.
+VlmBatch on_device(const VlmBatch& b, const torch::Device& device) {
+  VlmBatch out = b;
+  for (torch::Tensor* t :
+       {&out.input_ids, &out.position_ids, &out.labels, &out.image_token_index, &out.crops}) {
+    if (t->defined()) *t = t->to(device);
+  }
+  return out;
+}
+
+Result run(Case& c, const VlmBatch& host_batch, const std::string& precision) {
+  const torch::Device device = c.model->parameters().front().device();
+  const VlmBatch batch = on_device(host_batch, device);
   c.model->zero_grad();
   vlm::model::VlmOutput out;
   {
-    vlm::train::AutocastScope autocast(vlm::train::parse_precision(precision), torch::kCPU);
+    vlm::train::AutocastScope autocast(vlm::train::parse_precision(precision), device);
     out = c.model->forward(batch, /*return_logits=*/true);
   }
   const torch::Tensor loss = out.loss_sum / out.supervised_tokens.to(torch::kDouble);
   loss.backward();
   Result r;
   r.loss = loss.item<double>();
-  r.logits = out.logits.detach().to(torch::kDouble);
+  r.logits = out.logits.detach().to(torch::kCPU, torch::kDouble);
   for (const auto& item : c.model->named_parameters()) {
-    if (item.value().grad().defined()) r.grads[item.key()] = item.value().grad().to(torch::kDouble);
+    if (item.value().grad().defined()) {
+      r.grads[item.key()] = item.value().grad().to(torch::kCPU, torch::kDouble);
+    }
   }
   return r;
 }
@@ -283,7 +303,7 @@ int compare(Case& c, const Options& o) {
                 o.reference.c_str());
     return 1;
   }
-  if (o.precision == "bf16") {
+  if (o.precision == "bf16" && o.device == "cpu") {
     const double sum = bf16_ones_dot_product();
     if (sum != 4096.0) {
       std::printf(
@@ -367,7 +387,8 @@ int compare(Case& c, const Options& o) {
     double sum = 0, tokens = 0;
     for (const auto& [first, last] : {std::pair<int64_t, int64_t>{0, 1}, {1, 3}}) {
       torch::NoGradGuard no_grad;
-      const vlm::model::VlmOutput out = c.model->forward(rows_of(c.rows, first, last, per_crop));
+      const vlm::model::VlmOutput out = c.model->forward(
+          on_device(rows_of(c.rows, first, last, per_crop), torch::Device(o.device)));
       sum += out.loss_sum.item<double>();
       tokens += static_cast<double>(out.supervised_tokens.item<int64_t>());
     }
@@ -384,6 +405,52 @@ int compare(Case& c, const Options& o) {
   }
   std::printf("parity_check %s (%s): %s\n", o.preset.c_str(), o.precision.c_str(),
               failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
+
+// --compare-attention: the packed batch (two samples a row, images in both rows) through the
+// decoder's attention kernel --attention and through another, same weights, same precision;
+// the loss, every logit and every gradient within the precision's bounds.
+int compare_attention_kernels(Case& c, const Options& o) {
+  const Result a = run(c, c.packed, o.precision);
+  vlm::ModelLevers levers;
+  levers.attention = o.compare_attention;
+  c.model->set_runtime_levers(levers);
+  const Result b = run(c, c.packed, o.precision);
+  const Bounds bounds = bounds_for(o.precision);
+  int failures = 0;
+  const auto report = [&](const std::string& what, double error, double bound) {
+    const bool ok = error <= bound;  // false for a NaN too
+    failures += ok ? 0 : 1;
+    std::printf("%-52s %.3e  (bound %.0e)%s\n", what.c_str(), error, bound, ok ? "" : "  FAIL");
+  };
+  std::printf("packed batch, %s on %s: attention %s loss %.9f, %s loss %.9f\n", o.precision.c_str(),
+              o.device.c_str(), o.attention.c_str(), a.loss, o.compare_attention.c_str(), b.loss);
+  report("loss, relative difference", std::abs(a.loss - b.loss) / std::abs(b.loss),
+         bounds.loss_rel);
+  report("logits (" + std::to_string(a.logits.numel()) + "), max abs difference",
+         (a.logits - b.logits).abs().max().item<double>(), bounds.logit_abs);
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, g] : b.grads) {
+    const auto it = a.grads.find(name);
+    if (it == a.grads.end()) {
+      std::printf("gradient %s: only with %s  FAIL\n", name.c_str(), o.compare_attention.c_str());
+      ++failures;
+      continue;
+    }
+    const double norm = g.norm().item<double>(), l1 = std::max(g.abs().sum().item<double>(), 1e-30);
+    const double error =
+        std::max(std::abs(it->second.norm().item<double>() - norm) / std::max(norm, 1e-30),
+                 std::abs(it->second.sum().item<double>() - g.sum().item<double>()) / l1);
+    if (!(error < worst)) worst = error, worst_name = name;
+  }
+  report("gradient norms and sums (" + std::to_string(b.grads.size()) + "), worst", worst,
+         bounds.grad_norm_rel);
+  std::printf("  worst: %s\n", worst_name.c_str());
+  std::printf("parity_check %s attention %s against %s (%s, %s): %s\n", o.preset.c_str(),
+              o.attention.c_str(), o.compare_attention.c_str(), o.precision.c_str(),
+              o.device.c_str(), failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }
 
@@ -405,6 +472,12 @@ int main(int argc, char** argv) {
       else if (a == "--precision") o.precision = value();
       else if (a == "--write-case") o.write_case = value();
       else if (a == "--reference") o.reference = value();
+      else if (a == "--device")
+        o.device = value();
+      else if (a == "--attention")
+        o.attention = value();
+      else if (a == "--compare-attention")
+        o.compare_attention = value();
       else throw std::invalid_argument("unknown argument " + a);
     } catch (const std::exception& e) {
       std::cerr << "parity_check: " << e.what() << "\n";
@@ -415,12 +488,21 @@ int main(int argc, char** argv) {
     std::cerr << "parity_check: --precision is fp32 or bf16\n";
     return 2;
   }
-  if (o.write_case.empty() == o.reference.empty()) {
-    std::cerr << "parity_check: give one of --write-case FILE or --reference FILE\n";
+  const int modes = !o.write_case.empty() + !o.reference.empty() + !o.compare_attention.empty();
+  if (modes != 1) {
+    std::cerr << "parity_check: give one of --write-case FILE, --reference FILE or "
+                 "--compare-attention KERNEL\n";
     return 2;
   }
   torch::set_num_threads(1);
   Case c = make_case(o);
+  try {
+    c.model->to(torch::Device(o.device));
+    if (!o.compare_attention.empty()) return compare_attention_kernels(c, o);
+  } catch (const std::exception& e) {  // a device or kernel that cannot run here
+    std::cerr << "parity_check: " << e.what() << "\n";
+    return 2;
+  }
   if (!o.write_case.empty()) {
     const Json meta{{"preset", o.preset},
                     {"seed", o.seed},

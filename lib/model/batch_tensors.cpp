@@ -18,6 +18,11 @@ torch::Tensor int32_view(const std::vector<int32_t>& values, std::vector<int64_t
   return torch::from_blob(const_cast<int32_t*>(values.data()), shape, torch::kInt32);
 }
 
+torch::Tensor crops_view(const data::HostBatch& host) {  // [N, 3, S, S] over host.crops
+  return torch::from_blob(const_cast<float*>(host.crops.data()),
+                          {host.num_crops, 3, host.crop_size, host.crop_size}, torch::kFloat32);
+}
+
 }  // namespace
 
 VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device) {
@@ -37,12 +42,18 @@ VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device) {
                                        torch::kInt64),
                       device, torch::kInt64);
   if (host.num_crops > 0 && !host.crops.empty()) {
-    b.crops = to_device(torch::from_blob(const_cast<float*>(host.crops.data()),
-                                         {host.num_crops, 3, host.crop_size, host.crop_size},
-                                         torch::kFloat32),
-                        device, torch::kFloat32);
+    const auto* staged = static_cast<const torch::Tensor*>(host.staged_crops.get());
+    b.crops = staged && device.is_cuda() ? staged->to(device, /*non_blocking=*/true)
+                                         : to_device(crops_view(host), device, torch::kFloat32);
   }
   return b;
+}
+
+void stage_crops(data::HostBatch& host, const torch::Device& device) {
+  if (!device.is_cuda() || host.num_crops == 0 || host.crops.empty()) return;
+  // The caching host allocator keeps the pinned block until the tensor and the copy from it
+  // are done with it, on whichever thread frees it.
+  host.staged_crops = std::make_shared<const torch::Tensor>(crops_view(host).pin_memory());
 }
 
 }  // namespace vlm::model

@@ -13,4 +13,10 @@ namespace vlm::model {
 // from it again).
 VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device);
 
+// For a CUDA `device`: copies the batch's crops into pinned memory now (on a loader worker,
+// LoaderOptions::stage), so that to_tensors starts their copy to the GPU at once instead of
+// staging hundreds of megabytes on the training thread while the GPU waits. A no-op for other
+// devices and batches without crops.
+void stage_crops(data::HostBatch& host, const torch::Device& device);
+
 }  // namespace vlm::model

@@ -181,7 +181,18 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeddings,
                                          const torch::Tensor& allowed, bool checkpoint_blocks,
                                          AttentionChoice attention) {
   const auto tables = rotary_embd->forward(position_ids);
-  const torch::Tensor cos = tables.first, sin = tables.second;
+  torch::Tensor cos = tables.first, sin = tables.second;
+  if (embeddings.is_cuda() && !blocks->is_empty()) {
+    // CUDA: the tables cast once to the dtype the attention computes in (the autocast dtype, or
+    // the blocks' own), so that no layer casts them again for q and for k: 4 launches a layer
+    // fewer. The CPU keeps the per-layer casts, which the 1.13 memory model replays.
+    const runtime::compat::AutocastState autocast = runtime::compat::autocast_state();
+    const torch::Dtype dtype = autocast.cuda_enabled
+                                   ? autocast.cuda_dtype
+                                   : blocks->ptr(0)->parameters().front().scalar_type();
+    cos = cos.to(dtype);
+    sin = sin.to(dtype);
+  }
   torch::Tensor x = embeddings;
   for (const auto& module : *blocks) {
     const auto block = std::dynamic_pointer_cast<LanguageModelBlockImpl>(module);

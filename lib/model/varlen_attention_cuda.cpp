@@ -40,6 +40,30 @@ struct VarlenFlash : public torch::autograd::Function<VarlenFlash> {
   }
 };
 
+// The boundaries as the kernels read them: int32 on the device, and the longest segment. Every
+// decoder layer of a forward attends over the same boundaries, so the last ones are kept per
+// thread (the backward's recomputation runs on autograd's) and reused while their values are
+// equal: one host-to-device copy per micro-batch instead of one per layer.
+struct DeviceBounds {
+  torch::Tensor host;    // int64, the values the rest were made from
+  torch::Tensor bounds;  // int32 on the device
+  int64_t longest = 0;
+};
+
+const DeviceBounds& on_device(const torch::Tensor& host, const torch::Device& device) {
+  thread_local DeviceBounds last;
+  if (last.host.defined() && last.bounds.device() == device && torch::equal(last.host, host)) {
+    return last;
+  }
+  const int64_t* b = host.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t i = 0; i + 1 < host.size(0); ++i) longest = std::max(longest, b[i + 1] - b[i]);
+  // Staged in pinned memory and copied without blocking the host.
+  last = DeviceBounds{
+      host.clone(), host.to(torch::kInt32).pin_memory().to(device, /*non_blocking=*/true), longest};
+  return last;
+}
+
 }  // namespace
 #endif
 
@@ -84,18 +108,12 @@ torch::Tensor cuda_varlen_causal_attention(const torch::Tensor& q, const torch::
   TORCH_CHECK(
       bounds.dim() == 1 && bounds.size(0) >= 2 && bounds[-1].item<int64_t>() == batch * tokens,
       "varlen attention: cu_seqlens must end at B * T = ", batch * tokens);
-  const int64_t* b = bounds.data_ptr<int64_t>();
-  int64_t longest = 0;
-  for (int64_t i = 0; i + 1 < bounds.size(0); ++i) longest = std::max(longest, b[i + 1] - b[i]);
-  // The kernels read int32 boundaries on the device: staged in pinned memory and copied
-  // without blocking the host.
-  const torch::Tensor device_bounds =
-      bounds.to(torch::kInt32).pin_memory().to(q.device(), /*non_blocking=*/true);
+  const DeviceBounds& device_bounds = on_device(bounds, q.device());
   const auto token_major = [&](const torch::Tensor& t) {  // [B, H, T, D] -> [B*T, H, D]
     return t.transpose(1, 2).reshape({batch * tokens, t.size(1), dim}).contiguous();
   };
-  const torch::Tensor out =
-      VarlenFlash::apply(token_major(q), token_major(k), token_major(v), device_bounds, longest);
+  const torch::Tensor out = VarlenFlash::apply(token_major(q), token_major(k), token_major(v),
+                                               device_bounds.bounds, device_bounds.longest);
   return out.view({batch, tokens, heads, dim}).transpose(1, 2);
 #endif
 }

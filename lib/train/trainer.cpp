@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include "model/batch_tensors.h"
 #include "train/trainer_impl.h"
 
 namespace vlm::train {
@@ -121,7 +122,13 @@ ExitCode Trainer::run() {
   }
 
   const auto run_start = Clock::now();
-  data::Loader loader(*pipeline_, data_->loader_options(comm_->rank()));
+  data::LoaderOptions loader_options = data_->loader_options(comm_->rank());
+  if (device_.is_cuda()) {  // crops pinned on the loader's workers, ahead of the GPU
+    loader_options.stage = [device = device_](data::HostBatch& b) {
+      model::stage_crops(b, device);
+    };
+  }
+  data::Loader loader(*pipeline_, loader_options);
   while (state_.step < config_.train.max_steps) {
     if (comm_->any_rank_flagged(runtime::stop_requested())) {
       spdlog::warn("stop requested (signal {}): saving a checkpoint at step {}",

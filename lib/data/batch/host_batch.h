@@ -40,6 +40,11 @@ struct HostBatch {
   int64_t undecodable_images = 0;  // replaced by blank crops; their samples carry no loss
   std::vector<uint64_t> sample_ids;
 
+  // The crops staged for a device by LoaderOptions::stage on the worker that collated the
+  // batch (the trainer's pinned copy, model/batch_tensors.h), or null: an opaque handle, so
+  // this layer stays free of LibTorch. A batch split after an OOM is collated anew, unstaged.
+  std::shared_ptr<const void> staged_crops;
+
   // Where the batch came from, so it can be split and collated again after an OOM.
   MicroBatch source;
   std::vector<std::shared_ptr<const BuiltSample>> source_samples;

@@ -9,7 +9,8 @@ int64_t host_batch_bytes(const HostBatch& b) {
       b.crops.size() * sizeof(float) +
       (b.input_ids.size() + b.position_ids.size() + b.labels.size() + b.cu_seqlens.size()) *
           sizeof(int32_t) +
-      b.image_token_index.size() * sizeof(int64_t));
+      b.image_token_index.size() * sizeof(int64_t) +
+      (b.staged_crops ? b.crops.size() * sizeof(float) : 0));  // the pinned copy
 }
 
 Loader::Loader(PlanningPipeline& pipeline, LoaderOptions options)
@@ -61,6 +62,7 @@ void Loader::produce() {
         }
         pending.batches.push_back(workers_.submit([this, micro, samples = std::move(samples)] {
           HostBatch batch = collate_host_batch(micro, samples, options_.collate);
+          if (options_.stage) options_.stage(batch);
           account(host_batch_bytes(batch));
           return batch;
         }));

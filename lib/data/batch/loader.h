@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -25,6 +26,9 @@ struct LoaderOptions {
   int64_t workers = 2;           // 0: collate on the planner thread
   int64_t prefetch_batches = 4;  // micro-batches decoded ahead
   CollateOptions collate;
+  // Run on the worker after collation, off the training thread (the trainer stages a batch's
+  // crops in pinned memory for an asynchronous copy to the GPU); none when empty.
+  std::function<void(HostBatch&)> stage;
 };
 
 struct LoadedStep {

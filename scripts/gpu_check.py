@@ -373,8 +373,8 @@ def check_fp16(r):
 
 def check_attention(r, parity_check):
     """The varlen FlashAttention path (model.attention=varlen) against the grouped path on the
-    same packed batch, same weights, bf16 autocast on the GPU: loss, every logit and every
-    gradient within docs/parity.md's bf16 bounds (tests/parity/parity_check.cpp
+    same packed batch, same weights, bf16 autocast on the GPU: the loss and every gradient
+    within docs/parity.md's bf16 bounds (every logit's difference reported beside them) (tests/parity/parity_check.cpp
     --compare-attention), for the tiny preset and for 2-block versions of the 222M and 460M
     presets (their head sizes and grouped-query layouts). Beside it, not gating: the tiny case on
     the GPU against nanoVLM's reference recorded on a CPU (tests/parity/reference_tiny.json)."""

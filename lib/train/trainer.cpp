@@ -95,6 +95,12 @@ void Trainer::optimizer_update(StepMetrics& m) {
 ExitCode Trainer::run() {
   runtime::install_stop_signal_handlers();
   run_dir_ = config_.output.dir;
+  // One trainer per run directory (core/run_lock.h), before any work: rank 0 holds the lock
+  // for the whole run (the other ranks of a job share its directory).
+  if (dist_.rank == 0) {
+    run_lock_ = RunDirectoryLock::acquire(run_dir_);
+    if (!run_lock_.held()) spdlog::warn("{}: {}", run_dir_.string(), run_lock_.unlocked_reason());
+  }
   setup();
   if (comm_->rank() == 0) {
     fs::create_directories(run_dir_);

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "core/logging.h"
+#include "core/run_lock.h"
 #include "data/data_setup.h"
 #include "model/varlen_attention.h"
 #include "runtime/compat.h"
@@ -102,6 +103,7 @@ class Trainer {
   std::unique_ptr<MemoryBudgetKeeper> budget_;    // the sampler's budget (docs/sampler.md)
   std::unique_ptr<StepInstruments> instruments_;  // memory trace, profile (step_instruments.h)
   fs::path run_dir_;
+  RunDirectoryLock run_lock_;  // rank 0: held from the start of run() to the trainer's end
   RunState state_;
   nlohmann::json cursor_;               // data cursor after the last completed step
   bool optimizer_state_ready_ = false;  // AdamW's moments exist (after a step or a resume)

@@ -1,4 +1,6 @@
 // The executable's contract with job scripts: exit codes and one-line errors.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <sys/wait.h>
 
 #include "core/error.h"
+#include "core/run_lock.h"
 #include "support/test_support.h"
 
 using vlm::test::run_vlmtrain;
@@ -309,6 +312,20 @@ TEST_CASE("train: model.attention varlen where it cannot run is a config error b
                       "cannot run here: the queries are on cpu, not a CUDA device; use auto") !=
         std::string::npos);
   CHECK_FALSE(std::filesystem::exists(std::filesystem::path(out) / "checkpoints"));
+}
+
+TEST_CASE("train: a second trainer on a run directory in use is refused before any work") {
+  TempDir dir;
+  const std::string out = (dir / "run").string();
+  const vlm::RunDirectoryLock first = vlm::RunDirectoryLock::acquire(out);  // the "other" run
+  REQUIRE(first.held());
+  const auto r = run_vlmtrain(tiny_run(dir, out, 1));
+  INFO(r.output);
+  CHECK(r.exit_code == kUsage);
+  CHECK(r.output.find("error: another trainer is running in " + out + " (pid " +
+                      std::to_string(getpid()) + " on host") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::path(out) / "metrics.jsonl"));
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::path(out) / "config.yaml"));
 }
 
 TEST_CASE("inspect-batches reports the share of samples the limits dropped") {

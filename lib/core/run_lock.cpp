@@ -1,0 +1,93 @@
+#include "core/run_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "core/error.h"
+
+namespace vlm {
+namespace {
+
+std::string holder_line() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  char when[32] = {};
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  std::ostringstream line;
+  line << "pid " << getpid() << " on host " << host << ", started " << when << "\n";
+  return line.str();
+}
+
+}  // namespace
+
+RunDirectoryLock RunDirectoryLock::acquire(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    throw UsageError("output.dir " + dir.string() + " cannot be used as the run directory: " +
+                     (ec ? ec.message() : std::string("it is not a directory")));
+  }
+  const std::filesystem::path file = dir / kFileName;
+  RunDirectoryLock lock;
+  lock.fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock.fd_ < 0) {
+    throw UsageError("cannot create the run directory's lock file " + file.string() + ": " +
+                     std::strerror(errno));
+  }
+  if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error == EWOULDBLOCK) {
+      std::ifstream in(file);
+      std::string holder;
+      std::getline(in, holder);
+      throw UsageError("another trainer is running in " + dir.string() + " (" +
+                       (holder.empty() ? std::string("its lock file names no process") : holder) +
+                       "): one trainer per run directory; wait for it to end, stop it, or give "
+                       "this run another output.dir");
+    }
+    ::close(lock.fd_);
+    lock.fd_ = -1;
+    lock.unlocked_reason_ = std::string("locks do not work on this filesystem (flock: ") +
+                            std::strerror(error) +
+                            "): a second trainer on this run directory would go undetected";
+    return lock;
+  }
+  const std::string line = holder_line();
+  const bool noted =
+      ::ftruncate(lock.fd_, 0) == 0 &&
+      ::pwrite(lock.fd_, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size());
+  (void)noted;  // without its note the lock still holds; a second trainer then names no process
+  return lock;
+}
+
+RunDirectoryLock::~RunDirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
+}
+
+RunDirectoryLock::RunDirectoryLock(RunDirectoryLock&& other) noexcept
+    : fd_(other.fd_), unlocked_reason_(std::move(other.unlocked_reason_)) {
+  other.fd_ = -1;
+}
+
+RunDirectoryLock& RunDirectoryLock::operator=(RunDirectoryLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    unlocked_reason_ = std::move(other.unlocked_reason_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+}  // namespace vlm

@@ -31,19 +31,22 @@ std::string holder_line() {
 
 }  // namespace
 
-RunDirectoryLock RunDirectoryLock::acquire(const std::filesystem::path& dir) {
+RunDirectoryLock RunDirectoryLock::acquire(const std::filesystem::path& dir, SourceLocation where) {
+  if (dir.empty()) throw UsageError("output.dir is empty: give the run directory", where);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir)) {
-    throw UsageError("output.dir " + dir.string() + " cannot be used as the run directory: " +
-                     (ec ? ec.message() : std::string("it is not a directory")));
+    throw UsageError("output.dir '" + dir.string() + "' cannot be used as the run directory: " +
+                         (ec ? ec.message() : std::string("it is not a directory")),
+                     where);
   }
   const std::filesystem::path file = dir / kFileName;
   RunDirectoryLock lock;
   lock.fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock.fd_ < 0) {
     throw UsageError("cannot create the run directory's lock file " + file.string() + ": " +
-                     std::strerror(errno));
+                         std::strerror(errno),
+                     where);
   }
   if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;

@@ -11,14 +11,17 @@
 #include <filesystem>
 #include <string>
 
+#include "core/error.h"
+
 namespace vlm {
 
 class RunDirectoryLock {
  public:
   // Creates `dir` when missing and takes its lock. Throws UsageError naming the directory and
   // the holder when another process holds it, and when the directory or the lock file cannot
-  // be made (naming the path and the reason).
-  static RunDirectoryLock acquire(const std::filesystem::path& dir);
+  // be made (an empty path, a file on the way, no permission: naming the path and the reason).
+  // `where`: the place of output.dir in the config, for the message.
+  static RunDirectoryLock acquire(const std::filesystem::path& dir, SourceLocation where = {});
 
   RunDirectoryLock() = default;
   ~RunDirectoryLock();

@@ -98,7 +98,7 @@ ExitCode Trainer::run() {
   // One trainer per run directory (core/run_lock.h), before any work: rank 0 holds the lock
   // for the whole run (the other ranks of a job share its directory).
   if (dist_.rank == 0) {
-    run_lock_ = RunDirectoryLock::acquire(run_dir_);
+    run_lock_ = RunDirectoryLock::acquire(run_dir_, loaded_.where("output.dir"));
     if (!run_lock_.held()) spdlog::warn("{}: {}", run_dir_.string(), run_lock_.unlocked_reason());
   }
   setup();

@@ -328,6 +328,23 @@ TEST_CASE("train: a second trainer on a run directory in use is refused before a
   CHECK_FALSE(std::filesystem::exists(std::filesystem::path(out) / "config.yaml"));
 }
 
+TEST_CASE("train: an output.dir that cannot be a run directory is a usage error naming it") {
+  TempDir dir;
+  const std::string file = write_file(dir / "a-file", "x");
+  const std::string too_long = (dir / std::string(300, 'a')).string();
+  for (const auto& [out, reason] : std::vector<std::pair<std::string, std::string>>{
+           {file, "output.dir '" + file + "' cannot be used as the run directory: Not a directory"},
+           {file + "/run", "output.dir '" + file + "/run' cannot be used as the run directory"},
+           {too_long, "cannot be used as the run directory: File name too long"},
+           {"", "output.dir is empty: give the run directory"}}) {
+    const auto r = run_vlmtrain(tiny_run(dir, out, 1));
+    INFO(r.output);
+    CHECK(r.exit_code == kUsage);
+    CHECK(r.output.find("error: ") != std::string::npos);
+    CHECK(r.output.find(reason) != std::string::npos);
+  }
+}
+
 TEST_CASE("inspect-batches reports the share of samples the limits dropped") {
   TempDir dir;
   const auto [all, all_log] = inspect_demo(dir, 512);

@@ -20,7 +20,8 @@ enum class ExitCode : int {
   kTrainingFailed = 4,    // unrecoverable training failure (NaN loss streak, rank failure, ...)
   kOutOfMemory = 5,       // out of memory even at the smallest micro-batch split
   kDoesNotFit = 6,        // estimate-memory --check: the predicted peak exceeds the budget
-  kSaveFailed = 7,        // a checkpoint could not be written (disk full, I/O error)
+  kSaveFailed = 7,        // a checkpoint or the run's own files (metrics.jsonl, config.yaml)
+                          // could not be written (disk full, I/O error)
   kStoppedBySignal = 75,  // SIGTERM/SIGUSR1: checkpoint saved, requeue me (EX_TEMPFAIL)
 };
 

@@ -25,9 +25,10 @@ double unix_time_s() {
 // JSON has no NaN/Infinity; nlohmann would print null anyway, but say so explicitly.
 json finite_or_null(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
 
+// The run's own files fail as a checkpoint does (exit 7): the disk, not the training.
 [[noreturn]] void throw_io(const std::string& what, const fs::path& path, int err) {
-  throw Error(ExitCode::kTrainingFailed,
-              "metrics: cannot " + what + " " + path.string() + ": " + std::strerror(err));
+  throw Error(ExitCode::kSaveFailed,
+              "cannot " + what + " " + path.string() + ": " + std::strerror(err));
 }
 
 // The "step" of one metrics line, or nullopt for a line that is not a record with a step.
@@ -39,6 +40,8 @@ std::optional<int64_t> step_of_line(const std::string& line) {
   return it->get<int64_t>();
 }
 
+}  // namespace
+
 void write_synced(const fs::path& path, const std::string& text) {
   FILE* out = std::fopen(path.c_str(), "wb");
   if (!out) throw_io("create", path, errno);
@@ -48,8 +51,6 @@ void write_synced(const fs::path& path, const std::string& text) {
   std::fclose(out);
   if (!written) throw_io("write", path, err);
 }
-
-}  // namespace
 
 json StepMetrics::to_json() const {
   json record = {{"type", "step"},

@@ -128,4 +128,9 @@ class MetricsSink {
 // is not an error (returns 0).
 int64_t truncate_metrics_after_step(const std::filesystem::path& path, int64_t resumed_step);
 
+// Writes `text` to `path` (replacing it) with checked writes and fsync: the run's own files
+// (config.yaml). Throws vlm::Error with kSaveFailed (exit 7) naming the path and the reason,
+// as every write of the run directory's records does.
+void write_synced(const std::filesystem::path& path, const std::string& text);
+
 }  // namespace vlm::train

@@ -104,7 +104,7 @@ ExitCode Trainer::run() {
   setup();
   if (comm_->rank() == 0) {
     fs::create_directories(run_dir_);
-    std::ofstream(run_dir_ / "config.yaml") << to_yaml(config_, true);
+    write_synced(run_dir_ / "config.yaml", to_yaml(config_, true));
   }
   resume_if_possible();
   const int64_t first_step = state_.step;

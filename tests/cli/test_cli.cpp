@@ -345,6 +345,19 @@ TEST_CASE("train: an output.dir that cannot be a run directory is a usage error 
   }
 }
 
+TEST_CASE("train: the run's own files that cannot be written exit 7 naming them") {
+  TempDir dir;
+  for (const std::string name : {"metrics.jsonl", "config.yaml"}) {
+    const auto out = dir / ("run-" + name);
+    std::filesystem::create_directories(out / name);  // a directory where the file goes
+    const auto r = run_vlmtrain(tiny_run(dir, out.string(), 1));
+    INFO(r.output);
+    CHECK(r.exit_code == 7);
+    CHECK(r.output.find("error: cannot ") != std::string::npos);
+    CHECK(r.output.find((out / name).string() + ": Is a directory") != std::string::npos);
+  }
+}
+
 TEST_CASE("inspect-batches reports the share of samples the limits dropped") {
   TempDir dir;
   const auto [all, all_log] = inspect_demo(dir, 512);

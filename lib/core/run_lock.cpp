@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <sstream>
 #include <system_error>
 
@@ -51,9 +50,11 @@ RunDirectoryLock RunDirectoryLock::acquire(const std::filesystem::path& dir, Sou
   if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     if (error == EWOULDBLOCK) {
-      std::ifstream in(file);
-      std::string holder;
-      std::getline(in, holder);
+      // The holder's note: its first line, at most 512 bytes (the file is anyone's to edit).
+      char note[512] = {};
+      const ssize_t got = ::pread(lock.fd_, note, sizeof note - 1, 0);
+      std::string holder(note, got > 0 ? static_cast<size_t>(got) : 0);
+      holder = holder.substr(0, holder.find('\n'));
       throw UsageError("another trainer is running in " + dir.string() + " (" +
                        (holder.empty() ? std::string("its lock file names no process") : holder) +
                        "): one trainer per run directory; wait for it to end, stop it, or give "

@@ -66,3 +66,18 @@ TEST_CASE("run directory lock: a path that cannot be a directory is a usage erro
     CHECK_THAT(e.what(), Catch::Contains(file));
   }
 }
+
+TEST_CASE("run directory lock: a huge or odd lock file names at most its first 512 bytes") {
+  TempDir dir;
+  const auto run = dir / "run";
+  const RunDirectoryLock first = RunDirectoryLock::acquire(run);
+  vlm::test::write_file(run / RunDirectoryLock::kFileName, std::string(1 << 20, 'x'));
+  try {
+    (void)RunDirectoryLock::acquire(run);
+    FAIL("no error");
+  } catch (const vlm::Error& e) {
+    const std::string message = e.what();
+    CHECK(message.find(std::string(511, 'x')) != std::string::npos);
+    CHECK(message.find(std::string(512, 'x')) == std::string::npos);
+  }
+}

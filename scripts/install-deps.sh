@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what vlmtrain needs to build and test: the Debian (bookworm) packages, then the
 # pinned LibTorch 2.x of third_party/libtorch.txt into .deps/libtorch/ (the PyPI torch wheel,
-# unpacked by pip --target: no Python environment is touched). Installs only what is missing
+# unpacked by pip --target: no Python environment is touched) and the tests' Python tools of
+# third_party/python-tools.txt into .deps/python/ the same way. Installs only what is missing
 # and does nothing when everything is there. Run as root (or with sudo available).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +18,12 @@ packages=(
   libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
   # images and tokenizer
   libturbojpeg0-dev libpng-dev libstb-dev libpcre2-dev
+  # TensorBoard event files: protobuf-lite and its compiler (lib/report)
+  libprotobuf-dev protobuf-compiler
   # lint of the job scripts (CI); xz for the recorded GPU traces the tests replay (bench/gpu/)
   shellcheck xz-utils
+  # the report's test opens it in a real headless browser (tests/report/browser_check.py)
+  chromium
   # fuzzing (scripts/fuzz.sh, CI): clang and its libFuzzer and sanitizer runtimes
   clang libclang-rt-14-dev
 )
@@ -49,3 +54,19 @@ else
 fi
 
 bash scripts/install-libtorch.sh
+
+# The tests' Python tools (third_party/python-tools.txt), once per change of that file.
+tools=third_party/python-tools.txt
+stamp=.deps/python/.installed-from
+want=$(sha256sum "$tools" | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "install-deps: the tests' Python tools present in .deps/python"
+else
+  rm -rf .deps/python.partial
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    --no-compile -r "$tools" --target .deps/python.partial
+  echo "$want" > .deps/python.partial/.installed-from
+  rm -rf .deps/python
+  mv .deps/python.partial .deps/python
+  echo "install-deps: the tests' Python tools installed in .deps/python"
+fi

@@ -34,6 +34,7 @@ Command add_train_command(CLI::App& root, const GlobalOptions& global);
 Command add_model_info_command(CLI::App& root, const GlobalOptions& global);
 Command add_calibrate_memory_command(CLI::App& root, const GlobalOptions& global);
 Command add_estimate_memory_command(CLI::App& root, const GlobalOptions& global);
+Command add_report_command(CLI::App& root, const GlobalOptions& global);
 
 // Loads --config with the --set overrides (defaults only when no --config and
 // `config_required` is false), sets up logging from it, and logs its warnings.

@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
       add_model_info_command(app, global),
       add_calibrate_memory_command(app, global),
       add_estimate_memory_command(app, global),
+      add_report_command(app, global),
   };
   for (auto& c : commands) c.app->fallthrough();
 

@@ -386,6 +386,7 @@ struct OutputConfig {
   int64_t keep_checkpoints = 2;
   std::string resume = "auto";
   bool sample_ledger = false;
+  bool tensorboard = true;
   int64_t memory_trace_steps = 0;
   int64_t profile_steps = 0;
   int64_t profile_warmup_steps = 3;
@@ -405,6 +406,10 @@ void visit_fields(V& v, OutputConfig& c) {
   v.field(c.sample_ledger, "sample_ledger",
           "Write RUN_DIR/samples.jsonl: the ids (stream positions) of every step's samples, all "
           "ranks, to audit that each sample is trained exactly once across restarts.");
+  v.field(c.tensorboard, "tensorboard",
+          "Write the scalars of metrics.jsonl as training goes into a TensorBoard event file in "
+          "the run directory (events.out.tfevents.*.vlmtrain; `tensorboard --logdir RUN_DIR`); "
+          "docs/report.md.");
   v.field(c.memory_trace_steps, "memory_trace_steps",
           "Record every allocation and free of the first N steps of this run, with the op that "
           "made it, into RUN_DIR/memory-trace.rankR.txt (CPU: the tracking allocator; CUDA: the "

@@ -28,7 +28,28 @@ std::string holder_line() {
   return line.str();
 }
 
+// The holder's note: the first line of the lock file, at most 512 bytes (the file is anyone's
+// to edit).
+std::string read_note(int fd) {
+  char note[512] = {};
+  const ssize_t got = ::pread(fd, note, sizeof note - 1, 0);
+  std::string holder(note, got > 0 ? static_cast<size_t>(got) : 0);
+  return holder.substr(0, holder.find('\n'));
+}
+
 }  // namespace
+
+std::optional<std::string> RunDirectoryLock::holder(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / kFileName;
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<std::string> note;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) note = read_note(fd);
+  }
+  ::close(fd);  // releases the shared lock when it was taken
+  return note;
+}
 
 RunDirectoryLock RunDirectoryLock::acquire(const std::filesystem::path& dir, SourceLocation where) {
   if (dir.empty()) throw UsageError("output.dir is empty: give the run directory", where);
@@ -50,11 +71,7 @@ RunDirectoryLock RunDirectoryLock::acquire(const std::filesystem::path& dir, Sou
   if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     if (error == EWOULDBLOCK) {
-      // The holder's note: its first line, at most 512 bytes (the file is anyone's to edit).
-      char note[512] = {};
-      const ssize_t got = ::pread(lock.fd_, note, sizeof note - 1, 0);
-      std::string holder(note, got > 0 ? static_cast<size_t>(got) : 0);
-      holder = holder.substr(0, holder.find('\n'));
+      const std::string holder = read_note(lock.fd_);
       throw UsageError("another trainer is running in " + dir.string() + " (" +
                        (holder.empty() ? std::string("its lock file names no process") : holder) +
                        "): one trainer per run directory; wait for it to end, stop it, or give "

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -29,6 +30,11 @@ class RunDirectoryLock {
   RunDirectoryLock& operator=(RunDirectoryLock&& other) noexcept;
   RunDirectoryLock(const RunDirectoryLock&) = delete;
   RunDirectoryLock& operator=(const RunDirectoryLock&) = delete;
+
+  // The holder's note ("pid P on host H, started T") when a trainer holds `dir`'s lock now;
+  // nullopt when nobody does (or the directory has no lock file, or locks do not work there).
+  // Never blocks and never takes the lock for longer than the test (`vlmtrain report`).
+  static std::optional<std::string> holder(const std::filesystem::path& dir);
 
   bool held() const { return fd_ >= 0; }
   // Why the run is not locked on a filesystem without locks; empty when held.

@@ -2,15 +2,12 @@
 
 #include <algorithm>
 
+#include "data/packing/step_planner.h"
 #include "spec/derived.h"
 
 namespace vlm::estimate {
 
 namespace {
-
-int64_t round_up(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 // One row of `tokens` sample tokens padded to `row_tokens`: its segments.
 void add_row(int64_t tokens, int64_t row_tokens, std::vector<int64_t>& segments) {
@@ -36,7 +33,7 @@ memory::BatchShape batch_shape(const std::vector<const data::Pack*>& packs) {
     supervised += pack->supervised;
     items += pack->items.size() + 1;
   }
-  const int64_t row_tokens = round_up(longest, 8);
+  const int64_t row_tokens = data::collated_row_length(longest);
   std::vector<int64_t> segments;
   segments.reserve(items);
   for (const data::Pack* pack : packs) {
@@ -55,7 +52,7 @@ std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
 std::vector<memory::BatchShape> worst_case_shapes(const Config& config,
                                                   const data::WorstCase& worst, int64_t rows) {
   const int64_t tokens = config.packing.max_seq_len;
-  const int64_t row_tokens = round_up(tokens, 8);
+  const int64_t row_tokens = data::collated_row_length(tokens);
   const int64_t per_crop = spec::image_tokens_per_crop(config.model.dims);
   std::vector<int64_t> segments;
   for (int64_t r = 0; r < rows; ++r) add_row(tokens, row_tokens, segments);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/build_version.h"
 #include "core/error.h"
 #include "core/gpu_catalog.h"
 #include "core/strings.h"
@@ -113,7 +114,11 @@ PredictedStep MemoryPredictor::predict(const std::vector<data::HostBatch>& batch
 nlohmann::json MemoryPredictor::run_record(int64_t step) const {
   return {{"type", "run"},
           {"step", step},
+          {"vlmtrain", build_version() + " (git " + build_commit() + ")"},
+          {"host", host_name()},
           {"device", target_.device_key()},
+          {"device_memory_bytes",
+           target_.cuda ? nlohmann::json(target_.gpu.memory_bytes) : nlohmann::json(nullptr)},
           {"torch_version", runtime::torch_version()},
           {"world_size", target_.ranks},
           {"memory_calibration", entry_ ? nlohmann::json{{"file", calibration_file_},

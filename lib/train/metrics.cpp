@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "report/run_data.h"
 
 namespace vlm::train {
 namespace fs = std::filesystem;
@@ -75,6 +76,8 @@ json StepMetrics::to_json() const {
                  {"time/step_ms_min", step_ms_min},
                  {"time/step_ms_max", step_ms_max},
                  {"memory/peak_allocated_bytes", peak_allocated_bytes},
+                 {"padding_tokens", padding_tokens},
+                 {"max_micro_batch_crops", max_micro_batch_crops},
                  {"oom_retries", oom_retries},
                  {"micro_steps", micro_steps},
                  {"skipped_steps", skipped_steps}};
@@ -95,7 +98,8 @@ json StepMetrics::to_json() const {
   return record;
 }
 
-MetricsSink::MetricsSink(fs::path path, int rank, std::optional<int64_t> resumed_step)
+MetricsSink::MetricsSink(fs::path path, int rank, std::optional<int64_t> resumed_step,
+                         bool tensorboard)
     : path_(std::move(path)), active_(rank == 0) {
   if (!active_) return;
   if (path_.has_parent_path()) {
@@ -106,6 +110,36 @@ MetricsSink::MetricsSink(fs::path path, int rank, std::optional<int64_t> resumed
   if (resumed_step) truncate_metrics_after_step(path_, *resumed_step);
   out_.open(path_, std::ios::out | std::ios::app);
   if (!out_) throw_io("open", path_, errno);
+  if (tensorboard) start_event_file(resumed_step.value_or(0));
+}
+
+// The new event file first holds the scalars of every line metrics.jsonl kept, then a
+// SessionLog START at the first step of this start; only then are the sink's older files
+// removed, so a crash in between leaves TensorBoard a complete picture (twice, at worst).
+void MetricsSink::start_event_file(int64_t first_step) {
+  const fs::path dir = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
+  std::vector<fs::path> older;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (report::EventFileWriter::is_own_file_name(entry.path().filename().string())) {
+      older.push_back(entry.path());
+    }
+  }
+  events_ = std::make_unique<report::EventFileWriter>(dir, unix_time_s());
+  std::ifstream in(path_, std::ios::binary);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto record = report::parse_record(line);
+    if (!record) continue;
+    const auto time = record->find("time");
+    events_->write_scalars((*record)["step"].get<int64_t>(),
+                           time != record->end() && time->is_number() ? time->get<double>() : 0,
+                           report::metric_scalars(*record));
+  }
+  events_->write_session_start(first_step, unix_time_s());
+  for (const auto& file : older) {
+    if (file != events_->path()) fs::remove(file, ec);
+  }
 }
 
 void MetricsSink::write_step(const StepMetrics& metrics) {
@@ -147,6 +181,10 @@ void MetricsSink::write(json record) {
   out_ << record.dump() << '\n';
   out_.flush();
   if (!out_) throw_io("write", path_, errno);
+  if (events_) {
+    events_->write_scalars(record["step"].get<int64_t>(), record["time"].get<double>(),
+                           report::metric_scalars(record));
+  }
 }
 
 int64_t truncate_metrics_after_step(const fs::path& path, int64_t resumed_step) {

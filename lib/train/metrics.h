@@ -17,9 +17,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+
+#include "report/event_file.h"
 
 namespace vlm::train {
 
@@ -81,6 +84,11 @@ struct StepMetrics {
   // The sampler's memory budget in force (docs/sampler.md); absent without one.
   std::optional<int64_t> budget_bytes;  // [memory/budget_bytes]
 
+  // What the step's rows carried beside the samples: padding to each micro-batch's row length,
+  // all ranks, and the most crops one micro-batch held.
+  int64_t padding_tokens = 0;         // [padding_tokens]
+  int64_t max_micro_batch_crops = 0;  // [max_micro_batch_crops]
+
   int64_t oom_retries = 0;    // [oom_retries] micro-batch splits redone after OOM in this step
   int64_t micro_steps = 0;    // [micro_steps] the plan's micro-batches per rank in this step
   int64_t skipped_steps = 0;  // [skipped_steps] steps skipped so far (non-finite gradients)
@@ -96,8 +104,11 @@ class MetricsSink {
  public:
   // rank 0 opens (creates) `path` in append mode, first dropping the lines of steps after
   // `resumed_step` when resuming. Throws vlm::Error if the file cannot be opened.
+  // `tensorboard`: every record's scalars (report/run_data.h) also go to a TensorBoard event
+  // file beside `path`, which starts as the scalars of the lines kept (so that TensorBoard
+  // shows one uninterrupted run, as the file reads) and replaces the sink's earlier event files.
   MetricsSink(std::filesystem::path path, int rank,
-              std::optional<int64_t> resumed_step = std::nullopt);
+              std::optional<int64_t> resumed_step = std::nullopt, bool tensorboard = false);
 
   bool active() const { return active_; }
   const std::filesystem::path& path() const { return path_; }
@@ -116,9 +127,12 @@ class MetricsSink {
   void write(nlohmann::json record);
 
  private:
+  void start_event_file(int64_t first_step);
+
   std::filesystem::path path_;
   bool active_ = false;
   std::ofstream out_;
+  std::unique_ptr<report::EventFileWriter> events_;
 };
 
 // Rewrites `path` to its prefix up to and including the last line whose "step" is

@@ -1,5 +1,7 @@
 #include "train/step_accounting.h"
 
+#include <algorithm>
+
 #include "core/gpu_catalog.h"
 #include "spec/derived.h"
 
@@ -28,6 +30,8 @@ StepTotals step_totals(const data::StepPlan& plan) {
       t.samples += micro.shape.samples;
       t.images += micro.shape.images;
       t.crops += micro.shape.crops;
+      t.padding_tokens += micro.shape.padding_tokens();
+      t.max_micro_batch_crops = std::max(t.max_micro_batch_crops, micro.shape.crops);
     }
   }
   return t;

@@ -17,6 +17,8 @@ struct StepTotals {
   int64_t samples = 0;
   int64_t images = 0;
   int64_t crops = 0;
+  int64_t padding_tokens = 0;         // rows padded to their micro-batch's row length
+  int64_t max_micro_batch_crops = 0;  // the most crops of one micro-batch
 };
 
 // Over every rank's micro-batches.

@@ -108,7 +108,8 @@ ExitCode Trainer::run() {
   }
   resume_if_possible();
   const int64_t first_step = state_.step;
-  metrics_ = std::make_unique<MetricsSink>(run_dir_ / "metrics.jsonl", comm_->rank(), first_step);
+  metrics_ = std::make_unique<MetricsSink>(run_dir_ / "metrics.jsonl", comm_->rank(), first_step,
+                                           config_.output.tensorboard);
   metrics_->write(memory_->run_record(first_step));
   if (config_.output.sample_ledger) {
     ledger_ = std::make_unique<MetricsSink>(run_dir_ / "samples.jsonl", comm_->rank(), first_step);

@@ -60,6 +60,8 @@ void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
   m.samples = totals.samples;
   m.images = totals.images;
   m.crops = totals.crops;
+  m.padding_tokens = totals.padding_tokens;
+  m.max_micro_batch_crops = totals.max_micro_batch_crops;
   m.supervised_tokens = step.plan.supervised_tokens;
   m.micro_steps = static_cast<int64_t>(step.plan.micro_batches.front().size());
   m.data_wait_ms = step.wait_ms;

@@ -9,8 +9,6 @@
 namespace vlm::data {
 namespace {
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
 double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
 
 std::string fixed(double v, int decimals = 1) {
@@ -88,7 +86,7 @@ void BatchReport::add_step(int64_t step, const StepPlan& plan) {
         s.supervised += p.supervised;
         s.row_length = std::max(s.row_length, p.tokens);
       }
-      s.row_length = s.packs ? round_up(std::max<int64_t>(s.row_length, 1), 8) : 0;
+      s.row_length = s.packs ? collated_row_length(s.row_length) : 0;
       s.padding_tokens = s.packs * s.row_length - s.tokens;
       s.vit_tokens = s.crops * context_.patches_per_crop;
       s.predicted_bytes = mb.predicted_bytes;

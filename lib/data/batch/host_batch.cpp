@@ -11,10 +11,6 @@
 namespace vlm::data {
 namespace {
 
-int64_t round_up(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 // Decodes and splits every image of `sample` into `out`; returns false if one failed (its
 // crops stay as they were: zero).
 bool write_sample_crops(const BuiltSample& sample, const CollateOptions& options, float* out) {
@@ -50,7 +46,7 @@ HostBatch collate_host_batch(const MicroBatch& micro,
     b.samples += static_cast<int64_t>(pack.items.size());
     for (const auto& item : pack.items) b.sample_ids.push_back(item.sample_id);
   }
-  b.row_length = round_up(std::max<int64_t>(b.row_length, 1), 8);
+  b.row_length = collated_row_length(b.row_length);
   b.source = micro;
   b.source_samples = samples;
   const bool with_tokens = !samples.empty() && samples.front() != nullptr;

@@ -10,6 +10,12 @@
 
 namespace vlm::data {
 
+int64_t collated_row_length(int64_t longest) { return (std::max<int64_t>(longest, 1) + 7) / 8 * 8; }
+
+int64_t MicroBatchShape::row_length() const {
+  return packs > 0 ? collated_row_length(max_pack_tokens) : 0;
+}
+
 void MicroBatchShape::add(const Pack& pack) {
   ++packs;
   tokens += pack.tokens;

@@ -42,7 +42,16 @@ struct MicroBatchShape {
   int64_t samples = 0;
 
   void add(const Pack& pack);
+  // The collated layout (collated_row_length): rows of row_length() tokens, padding_tokens()
+  // of them not samples'. 0 for an empty micro-batch.
+  int64_t row_length() const;
+  int64_t padding_tokens() const { return packs * row_length() - tokens; }
 };
+
+// The length every row of a collated micro-batch is padded to, when its longest pack has
+// `longest` tokens: rounded up to a multiple of 8 (at least 8). The one definition of the rows'
+// layout that the collator (data/batch/host_batch.h), the batch report and the step metrics use.
+int64_t collated_row_length(int64_t longest);
 
 // cost = per_token * tokens + per_len_sq * sum(len^2) + per_crop * crops, in units of one LM
 // token's forward FLOPs. Defaults are nanoVLM's default model (SmolLM2-360M: d=960, 32

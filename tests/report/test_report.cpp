@@ -177,7 +177,7 @@ TEST_CASE("report: a run is read despite garbage lines, a torn last line and rep
   CHECK_THAT(html, Catch::Contains("step(s) recorded twice"));
 }
 
-TEST_CASE("report: what is not a run directory is an error naming it; a run with no step is not") {
+TEST_CASE("report: what is not a run directory is an error naming it, a run with no step is not") {
   TempDir dir;
   try {
     read_run(dir / "missing");

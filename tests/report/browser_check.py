@@ -31,7 +31,7 @@ class Browser:
     def __init__(self, chromium, profile):
         to_child_r, self.to_child = os.pipe()
         self.from_child, from_child_w = os.pipe()
-        command = (f"exec '{chromium}' --headless=new --no-sandbox --disable-gpu "
+        command = (f"exec '{chromium}' --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage "
                    "--no-first-run --no-default-browser-check --disable-extensions "
                    f"--user-data-dir='{profile}' --remote-debugging-pipe "
                    f"--window-size=1280,1000 about:blank "

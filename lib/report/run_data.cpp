@@ -1,6 +1,7 @@
 #include "report/run_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -40,6 +41,18 @@ std::optional<double> RunData::number(const json& record, const std::string& key
   const auto it = record.find(key);
   if (it == record.end() || !it->is_number()) return std::nullopt;
   return it->get<double>();
+}
+
+std::optional<int64_t> RunData::count(const json& record, const std::string& key) {
+  const auto v = number(record, key);
+  if (!v) return std::nullopt;
+  return clamped_count(*v);
+}
+
+int64_t clamped_count(double value) {
+  if (std::isnan(value)) return 0;
+  constexpr double kLimit = 9.2e18;  // below INT64_MAX, exactly representable
+  return static_cast<int64_t>(std::max(-kLimit, std::min(kLimit, value)));
 }
 
 namespace {

@@ -24,6 +24,9 @@ namespace vlm::report {
 // ("loss", "lr/vision", "eval/exact_match"); nothing for the other record types.
 std::vector<Scalar> metric_scalars(const nlohmann::json& record);
 
+// `value` rounded toward zero and held within int64 (a file may say 1e300; NaN is 0).
+int64_t clamped_count(double value);
+
 // One line of metrics.jsonl parsed as a record: an object with "type" (a string) and "step" (an
 // integer); nullopt for anything else.
 std::optional<nlohmann::json> parse_record(const std::string& line);
@@ -60,6 +63,8 @@ struct RunData {
 
   // A numeric key of a record, or nullopt when absent, null or not a number.
   static std::optional<double> number(const nlohmann::json& record, const std::string& key);
+  // The same as a count: rounded toward zero and held within int64 (a file may say 1e300).
+  static std::optional<int64_t> count(const nlohmann::json& record, const std::string& key);
 };
 
 // Reads RUN_DIR. Throws UsageError (exit 2) when `dir` does not exist or is not a directory,

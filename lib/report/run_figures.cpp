@@ -36,11 +36,11 @@ std::string status_of(const RunData& run, int64_t last_step) {
       break;
   }
   for (auto it = run.events.rbegin(); it != run.events.rend(); ++it) {
-    if (text_of((*it)["event"]) == "stopped_by_signal" &&
+    if (text_of(it->value("event", json())) == "stopped_by_signal" &&
         (*it)["step"].get<int64_t>() >= last_step) {
-      const auto signal = RunData::number(*it, "signal");
-      return "stopped by signal " + (signal ? std::to_string(static_cast<int>(*signal)) : "?") +
-             " at step " + std::to_string(last_step) + " (checkpoint saved; resumable)";
+      const auto signal = RunData::count(*it, "signal");
+      return "stopped by signal " + (signal ? std::to_string(*signal) : "?") + " at step " +
+             std::to_string(last_step) + " (checkpoint saved; resumable)";
     }
   }
   if (!run.has_metrics) return "no metrics yet (metrics.jsonl missing)";
@@ -99,10 +99,8 @@ RunFigures run_figures(const RunData& run) {
     f.torch_version = text_of(r.value("torch_version", json()));
     f.vlmtrain = text_of(r.value("vlmtrain", json()));
     f.host = text_of(r.value("host", json()));
-    f.world_size = static_cast<int64_t>(RunData::number(r, "world_size").value_or(0));
-    if (const auto bytes = RunData::number(r, "device_memory_bytes")) {
-      f.device_memory_bytes = static_cast<int64_t>(*bytes);
-    }
+    f.world_size = RunData::count(r, "world_size").value_or(0);
+    f.device_memory_bytes = RunData::count(r, "device_memory_bytes");
   }
   if (!run.steps.empty()) f.final_loss = RunData::number(run.steps.back(), "loss");
   for (const auto& e : run.evals) {
@@ -112,7 +110,7 @@ RunFigures run_figures(const RunData& run) {
     if (const auto em = RunData::number(e, "eval/exact_match")) f.last_exact_match = *em;
   }
   std::vector<double> tokens_per_s, step_ms, mfu, micro, max_crops;
-  double padding = 0, tokens = 0;
+  double padding = 0, tokens = 0, oom_retries = 0;
   bool has_padding = false;
   for (size_t i = 0; i < run.steps.size(); ++i) {
     const json& r = run.steps[i];
@@ -121,15 +119,13 @@ RunFigures run_figures(const RunData& run) {
       if (const auto v = RunData::number(r, "time/step_ms")) step_ms.push_back(*v);
       if (const auto v = RunData::number(r, "mfu")) mfu.push_back(*v);
     }
-    if (const auto v = RunData::number(r, "memory/peak_allocated_bytes")) {
-      f.max_measured_peak =
-          std::max<int64_t>(f.max_measured_peak.value_or(0), static_cast<int64_t>(*v));
+    if (const auto v = RunData::count(r, "memory/peak_allocated_bytes")) {
+      f.max_measured_peak = std::max(f.max_measured_peak.value_or(0), *v);
     }
-    f.oom_retries += static_cast<int64_t>(RunData::number(r, "oom_retries").value_or(0));
+    oom_retries += RunData::number(r, "oom_retries").value_or(0);
     if (const auto v = RunData::number(r, "micro_steps")) micro.push_back(*v);
-    if (const auto v = RunData::number(r, "max_micro_batch_crops")) {
-      f.max_crops_per_micro_batch =
-          std::max<int64_t>(f.max_crops_per_micro_batch.value_or(0), static_cast<int64_t>(*v));
+    if (const auto v = RunData::count(r, "max_micro_batch_crops")) {
+      f.max_crops_per_micro_batch = std::max(f.max_crops_per_micro_batch.value_or(0), *v);
     }
     if (const auto v = RunData::number(r, "padding_tokens")) {
       has_padding = true;
@@ -137,6 +133,7 @@ RunFigures run_figures(const RunData& run) {
       tokens += RunData::number(r, "tokens").value_or(0);
     }
   }
+  f.oom_retries = clamped_count(oom_retries);
   f.median_tokens_per_s = median(tokens_per_s);
   f.median_step_ms = median(step_ms);
   f.median_mfu = median(mfu);
@@ -165,9 +162,7 @@ RunFigures run_figures(const RunData& run) {
       }
     }
     if (s.contains("skipped_samples") && s["skipped_samples"].is_object()) {
-      if (const auto v = RunData::number(s["skipped_samples"], "skipped")) {
-        f.skipped_samples = static_cast<int64_t>(*v);
-      }
+      f.skipped_samples = RunData::count(s["skipped_samples"], "skipped");
     }
   }
   return f;

@@ -23,7 +23,11 @@ std::vector<double> ticks(double lo, double hi) {
     if (span / step <= 6) break;
   }
   std::vector<double> out;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) {
+  // At most a dozen, and none where the step is below the values' precision (a run at step
+  // 9e18 has a span of 2 where doubles are 1024 apart): no tick then, not an endless loop.
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9 && out.size() < 12;
+       t += step) {
+    if (!out.empty() && t <= out.back()) break;
     out.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
   }
   return out;
@@ -41,6 +45,10 @@ std::vector<double> byte_ticks(double lo, double hi) {
   for (double& t : out) t *= unit;
   return out;
 }
+
+// What a chart can place: finite and within +-1e300, so that spans and margins stay finite (a
+// file may hold 1e308 and -1e308); the rest is left out as non-finite values are.
+bool drawable(double v) { return std::isfinite(v) && std::abs(v) <= 1e300; }
 
 std::string number(double v, int digits) {
   char buf[64];
@@ -145,7 +153,7 @@ std::string render_svg(const Chart& chart, int width, int height) {
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const auto& s : chart.series) {
     for (const auto& [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y)) continue;
+      if (!drawable(x) || !drawable(y)) continue;
       x0 = std::min(x0, x);
       x1 = std::max(x1, x);
       y0 = std::min(y0, y);
@@ -167,9 +175,10 @@ std::string render_svg(const Chart& chart, int width, int height) {
   } else {
     y1 += (y1 - y0) * 0.04;
   }
-  if (x1 <= x0) {
-    x0 -= 1;
-    x1 += 1;
+  if (x1 <= x0) {  // one step: a band around it, wide enough to exist at any magnitude
+    const double pad = std::max(1.0, std::abs(x0) * 1e-9);
+    x0 -= pad;
+    x1 += pad;
   }
   const auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * plot_w; };
   const auto py = [&](double y) { return kTop + plot_h - (y - y0) / (y1 - y0) * plot_h; };
@@ -194,7 +203,7 @@ std::string render_svg(const Chart& chart, int width, int height) {
     svg << "<g><title>" << escape_html(s.name) << "</title>";
     if (s.style == Series::Style::kMarkers) {
       for (const auto& [x, y] : drawn) {
-        if (!std::isfinite(y)) continue;
+        if (!drawable(y)) continue;
         svg << "<circle cx=\"" << number(px(x), 6) << "\" cy=\"" << number(py(y), 6)
             << "\" r=\"3.5\" fill=\"" << s.color << "\"/>";
       }
@@ -202,10 +211,10 @@ std::string render_svg(const Chart& chart, int width, int height) {
       svg << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"2\""
           << dash_of(s.style) << " points=\"";
       for (const auto& [x, y] : drawn) {
-        if (std::isfinite(y)) svg << number(px(x), 6) << ',' << number(py(y), 6) << ' ';
+        if (drawable(y)) svg << number(px(x), 6) << ',' << number(py(y), 6) << ' ';
       }
       svg << "\"/>";
-      if (drawn.size() == 1) {
+      if (drawn.size() == 1 && drawable(drawn[0].second)) {
         svg << "<circle cx=\"" << number(px(drawn[0].first), 6) << "\" cy=\""
             << number(py(drawn[0].second), 6) << "\" r=\"3\" fill=\"" << s.color << "\"/>";
       }

@@ -39,7 +39,8 @@ std::string sparkline(const std::vector<std::pair<double, double>>& points, int 
   const auto [lo, hi] = std::minmax_element(cells.begin(), cells.end());
   std::string out;
   for (const double v : cells) {
-    const int level = *hi > *lo ? static_cast<int>(std::lround((v - *lo) / (*hi - *lo) * 7)) : 3;
+    const double share = *hi > *lo ? (v - *lo) / (*hi - *lo) : 3.0 / 7;  // inf - -inf: NaN
+    const int level = std::isfinite(share) ? static_cast<int>(std::lround(share * 7)) : 3;
     out += kBlocks[std::clamp(level, 0, 7)];
   }
   return out;

@@ -279,3 +279,29 @@ TEST_CASE("report: sparklines span lowest to highest in at most the width given"
   CHECK(sparkline({}, 10).empty());
   CHECK(sparkline({{1, 5}}, 10) == "▄");
 }
+
+TEST_CASE("report: hostile values are drawn or left out, never a crash or an endless loop") {
+  TempDir dir;
+  // An event without its name, counts of 1e300, steps near INT64_MAX, values of +-1e308.
+  write_file(dir / "metrics.jsonl",
+             R"({"type":"run","step":0,"world_size":1e300,"device_memory_bytes":-1e300})"
+             "\n"
+             R"({"type":"step","step":9000000000000000000,"loss":1e308,"oom_retries":1e300,)"
+             R"("memory/peak_allocated_bytes":1e300,"micro_steps":1e-300,"crops":-1e308})"
+             "\n"
+             R"({"type":"step","step":9000000000000000001,"loss":-1e308,"oom_retries":1e300})"
+             "\n"
+             R"({"type":"event","step":9000000000000000001,"signal":1e300})"
+             "\n");
+  const RunData run = read_run(dir.path());
+  REQUIRE(run.steps.size() == 2);
+  const RunFigures f = run_figures(run);
+  CHECK(f.oom_retries == clamped_count(2e300));
+  CHECK(f.world_size == clamped_count(1e300));
+  CHECK(clamped_count(std::nan("")) == 0);
+  CHECK_THAT(f.status, Catch::Contains("without a summary"));
+  const std::string html = html_report({run}, "now");
+  CHECK(html.find("chart-loss") != std::string::npos);
+  CHECK(html.find("nan") == std::string::npos);
+  CHECK_FALSE(text_report({run}, false).empty());
+}

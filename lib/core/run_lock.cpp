@@ -10,14 +10,15 @@
 #include <sstream>
 #include <system_error>
 
+#include "core/build_version.h"
 #include "core/error.h"
 
 namespace vlm {
 namespace {
 
 std::string holder_line() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  std::string host = host_name();
+  if (host.empty()) host = "?";
   char when[32] = {};
   const std::time_t now = std::time(nullptr);
   std::tm utc{};

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/build_version.h"
 #include "core/error.h"
 #include "report/tensorboard_event.pb.h"
 
@@ -39,12 +40,11 @@ uint64_t get_le(const char* p, int bytes) {
   return value;
 }
 
-std::string host_name() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0) return "host";
-  std::string name(host);
+// The host in a file name: no '/' (core/build_version.h's host_name, or "host").
+std::string file_host_name() {
+  std::string name = host_name();
   for (char& c : name) {
-    if (c == '/' || c == '\0') c = '_';
+    if (c == '/') c = '_';
   }
   return name.empty() ? "host" : name;
 }
@@ -81,8 +81,8 @@ std::string frame_record(const std::string& payload) {
 
 EventFileWriter::EventFileWriter(const std::filesystem::path& dir, double wall_time) {
   std::ostringstream name;
-  name << "events.out.tfevents." << static_cast<int64_t>(wall_time) << '.' << host_name() << '.'
-       << getpid() << ".vlmtrain";
+  name << "events.out.tfevents." << static_cast<int64_t>(wall_time) << '.' << file_host_name()
+       << '.' << getpid() << ".vlmtrain";
   path_ = dir / name.str();
   out_ = std::fopen(path_.c_str(), "wb");
   if (out_ == nullptr) fail("create", path_, errno);

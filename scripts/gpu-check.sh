@@ -10,7 +10,7 @@
 #   scripts/gpu-check.sh [--build-dir DIR] [--report FILE] [--work DIR] [--no-build]
 #                        [--no-ctest] [--only CHECKS] [--presets LIST] [--nanovlm PATH]
 #                        [--record DIR] [--record-runs NAMES] [--target TARGET]
-#                        [--throughput-steps N]
+#                        [--throughput-steps N] [--stream FILE] [--stream-steps N]
 #
 # --record DIR, the recording mode: the `record` check runs the recording matrix (tiny, 222M
 # and 460M; fp32 and bf16; checkpointing, ViT and loss chunking, frozen towers, several batch
@@ -22,7 +22,9 @@
 # whole tree.
 #
 # --nanovlm PATH (a nanoVLM checkout): the throughput check also times nanoVLM's own training
-# step on the same tokens and crops (bench/nanovlm_throughput.py) and reports the ratio.
+# step on the same tokens and crops (bench/nanovlm_throughput.py) and reports the ratio, and the
+# stream check (end to end on a length stream, each tool with its own packing; --stream FILE,
+# default ../shared/bench/stream-public-seed1234.jsonl) runs nanoVLM's packing and loop beside.
 #
 # LibTorch: CMAKE_PREFIX_PATH as given, else the one of python3's torch. Other dependencies:
 # as for any build (scripts/install-deps.sh, or CMAKE_PREFIX_PATH); VLM_CMAKE_ARGS adds flags.
@@ -32,7 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 build_dir=build-gpu report=gpu-check.json work=gpu-check-runs build=1 ctest=1 only="" presets=""
-nanovlm="" record="" target="" throughput_steps="" record_runs=""
+nanovlm="" record="" target="" throughput_steps="" record_runs="" stream="" stream_steps=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
@@ -47,7 +49,9 @@ while [ $# -gt 0 ]; do
     --target) target=$2; shift 2 ;;
     --throughput-steps) throughput_steps=$2; shift 2 ;;
     --record-runs) record_runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --stream) stream=$2; shift 2 ;;
+    --stream-steps) stream_steps=$2; shift 2 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -106,6 +110,8 @@ args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --heade
 [ -n "$record" ] && args+=(--artifacts "$record")
 [ -n "$throughput_steps" ] && args+=(--throughput-steps "$throughput_steps")
 [ -n "$record_runs" ] && args+=(--record-runs "$record_runs")
+[ -n "$stream" ] && args+=(--stream "$stream")
+[ -n "$stream_steps" ] && args+=(--stream-steps "$stream_steps")
 python3 scripts/gpu_check.py "${args[@]}"
 rc=$?
 if [ "$ctest" = 1 ] && [ "$ctest_rc" != 0 ] && [ "$rc" = 0 ]; then rc=4; fi

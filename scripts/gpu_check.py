@@ -455,6 +455,88 @@ def check_throughput(r, presets, steps, nanovlm_path, artifacts="", variant="", 
     return out
 
 
+STREAM = os.path.join(ROOT, "..", "shared", "bench", "stream-public-seed1234.jsonl")
+
+
+def check_stream(r, steps, nanovlm_path, stream, samples=3000, warmup=2):
+    """End to end on a length stream, each tool with its own packing (issue 30): the stream's
+    first `samples` samples as a real dataset (bench/stream_dataset.py: PNG files and a
+    manifest), trained by vlmtrain with configs/nanovlm.yaml as it stands (460M, 2 rows per
+    micro-batch, 8 micro-batches per step, bf16; 8 decoding threads: its images are decoded and
+    resized from PNG files, at about 100 ms an image a core, where nanoVLM's are given), and
+    with nanoVLM's packer, collator and train.py loop on the same samples' shapes
+    (bench/nanovlm_throughput.py --stream). Useful tokens (supervised + image slots) per second
+    over `steps` optimizer steps after `warmup`. On the CPU (--device cpu, a smoke test of this
+    script, figures meaningless) the tiny preset with 64-px crops on the same grids, one row per
+    step."""
+    if r.device == "cuda":
+        preset, rows, accumulation, per_crop = "nanovlm-460m", 2, 8, 64
+        model = nanovlm(preset)
+    else:
+        preset, rows, accumulation, per_crop = "tiny", 1, 1, 16
+        model = NANOVLM + ["model.preset=tiny", "data.max_img_size=256"]
+    if not os.path.exists(stream):
+        raise CheckFailed(f"no length stream at {stream}")
+    data = os.path.join(r.work, "stream-data")
+    made = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "stream_dataset.py"),
+                           stream, "--out", data, "--samples", str(samples)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        raise CheckFailed(f"stream_dataset.py: {made.stderr.strip()[-500:]}")
+    out = {"dataset": json.loads(made.stdout)}
+    overrides = model + [
+        f"data.train=[{{path: {data}/train.jsonl}}]", f"train.batch_size={rows}",
+        f"train.gradient_accumulation_steps={accumulation}", "train.precision=bf16",
+        "data.workers=8",
+        f"train.max_steps={warmup + steps}"]
+    _, run, recs = r.train(f"stream-{preset}", "configs/nanovlm.yaml", overrides)
+    timed = recs[warmup:warmup + steps]
+    if len(timed) < steps:
+        raise CheckFailed(f"vlmtrain recorded {len(recs)} steps, wanted {warmup + steps}")
+    seconds = sum(s["time/step_ms"] for s in timed) / 1000
+    useful = sum(s["supervised_tokens"] + per_crop * s["crops"] for s in timed)
+    ours = {
+        "steps": steps, "warmup_steps": warmup, "seconds": seconds,
+        "step_ms": 1000 * seconds / steps, "useful_tokens": useful,
+        "supervised_tokens": sum(s["supervised_tokens"] for s in timed),
+        "image_tokens": per_crop * sum(s["crops"] for s in timed),
+        "tokens": sum(s["tokens"] for s in timed),
+        "padding_tokens": sum(s.get("padding_tokens", 0) for s in timed),
+        "samples": sum(s["samples"] for s in timed),
+        "rows": rows * sum(s["micro_steps"] for s in timed),
+        "useful_tokens_per_s": useful / seconds,
+        "tokens_per_s": sum(s["tokens"] for s in timed) / seconds,
+        "data_wait_ms": sum(s.get("time/data_wait_ms", 0) for s in timed),
+        "mfu": statistics.median(s["mfu"] for s in timed if s.get("mfu") is not None)
+        if any(s.get("mfu") is not None for s in timed) else None,
+        "peak_allocated_bytes": max(s.get("memory/peak_allocated_bytes") or 0 for s in timed),
+        "peak_reserved_bytes": max(s.get("memory/peak_reserved_bytes") or 0 for s in timed),
+    }
+    ours["crops_per_row"] = sum(s["crops"] for s in timed) / max(ours["rows"], 1)
+    ours["padding_pct"] = 100 * ours["padding_tokens"] / max(ours["padding_tokens"] +
+                                                            ours["tokens"], 1)
+    out["vlmtrain"] = ours
+    shutil.rmtree(os.path.join(run, "checkpoints"), ignore_errors=True)
+    if not nanovlm_path:
+        return out
+    report = os.path.join(r.work, "nanovlm-stream.json")
+    theirs = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "nanovlm_throughput.py"),
+                             "--nanovlm", nanovlm_path, "--preset", preset,
+                             "--stream", os.path.join(data, "lengths.jsonl"), "--rows", str(rows),
+                             "--accumulation", str(accumulation), "--steps", str(steps),
+                             "--device", r.device,
+                             "--warmup", str(warmup), "--json", report],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if theirs.returncode != 0:
+        out["nanovlm_error"] = theirs.stderr.strip().splitlines()[-5:]
+        return out
+    with open(report) as f:
+        out["nanovlm"] = json.load(f)
+    out["useful_tokens_per_s_vs_nanovlm"] = (ours["useful_tokens_per_s"] /
+                                             out["nanovlm"]["useful_tokens_per_s"])
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--vlmtrain", required=True)
@@ -473,7 +555,10 @@ def main():
     p.add_argument("--parity-check", default="", help="the built tests/parity_check (the "
                    "attention check)")
     p.add_argument("--nanovlm", default="", help="a nanoVLM checkout: its training step's "
-                   "tokens/s beside ours in the throughput check")
+                   "tokens/s beside ours in the throughput and stream checks")
+    p.add_argument("--stream", default=STREAM, help="the length stream of the stream check")
+    p.add_argument("--stream-steps", type=int, default=8, help="timed optimizer steps of the "
+                   "stream check (16 rows each), after 2 untimed")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     data = os.path.join(a.work, "demo-data")
@@ -506,6 +591,8 @@ def main():
         ("throughput_2rows", lambda: check_throughput(r, big, a.throughput_steps, "", "",
                                                       "2rows", [], rows=2)),
         ("fp16_step", lambda: check_fp16(r)),
+        # End to end on the public length stream, each tool with its own packing.
+        ("stream", lambda: check_stream(r, a.stream_steps, a.nanovlm, a.stream)),
     ]
     report = json.loads(a.header)
     report.update({"date": time.strftime("%Y-%m-%d"), "checks": {}})

@@ -9,7 +9,13 @@ Each kernel, copy and memset is tied to the host op that launched it (the trace'
 the trainer's phase (`vlm::forward`, ...; the backward's nodes run on autograd's thread, under
 `autograd::engine::evaluate_function: ...`) and by the outermost aten op that issued them (the
 op the model's code called, e.g. `aten::linear`), with their device time. Launch-bound steps show
-here as many kernels of little device time. Python's standard library only.
+here as many kernels of little device time.
+
+With --idle, where the device waited: every gap between the device work of the profiled steps
+(kernels, copies and memsets, all streams merged), its time summed by the trainer phase the host
+was in at the gap's middle ("between phases" inside a step: the trainer's own code) and by the
+op that launched the work that ended it. Gaps in the backward ahead of small kernels mean the
+autograd thread cannot launch as fast as the GPU runs them. Python's standard library only.
 """
 import argparse
 import bisect
@@ -51,9 +57,7 @@ def attribute(events):
                 ("cpu_op", "user_annotation"))
     table = collections.defaultdict(lambda: [0, 0.0])  # (phase, op) -> [launches, device us]
     cache = {}
-    for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
-            continue
+    for e in device_work(events):
         launcher = op_by_external.get(e.get("args", {}).get("External id"))
         key = ("(unattributed)", "(unattributed)")
         if launcher is not None:
@@ -71,10 +75,48 @@ def attribute(events):
                              if n.startswith("autograd::engine::evaluate_function")), "")
                 key = (phase, f"{node} > {outer}" if node else outer)
                 cache[id(launcher)] = key
+        e["_key"] = key
         row = table[key]
         row[0] += 1
         row[1] += e["dur"]
     return steps, table
+
+
+def device_work(events):
+    """The kernels, copies and memsets, by start time."""
+    return sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in
+                   ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+
+
+def idle(events):
+    """{(phase at the gap, what ended it): [gaps, idle us]} over the profiled steps, after
+    attribute() has tagged the device work; and the steps' total idle us."""
+    marks = sorted((e for e in events if e.get("cat") == "user_annotation" and
+                    e.get("name", "").startswith("vlm::")), key=lambda e: e["ts"])
+    steps = [m for m in marks if m["name"] == "vlm::step"]
+    phases = [m for m in marks if m["name"] != "vlm::step"]
+
+    def phase_at(ts):
+        for m in phases:
+            if m["ts"] <= ts <= m["ts"] + m["dur"]:
+                return m["name"]
+        inside = any(m["ts"] <= ts <= m["ts"] + m["dur"] for m in steps)
+        return "(step, between phases)" if inside else "(between steps)"
+
+    table = collections.defaultdict(lambda: [0, 0.0])
+    total, busy_until = 0.0, None
+    first = steps[0]["ts"] if steps else 0
+    for e in device_work(events):
+        if e["ts"] < first:
+            continue
+        if busy_until is not None and e["ts"] > busy_until:
+            gap = e["ts"] - busy_until
+            key = (phase_at(busy_until + gap / 2), e.get("_key", ("", "(unattributed)"))[1])
+            table[key][0] += 1
+            table[key][1] += gap
+            total += gap
+        busy_until = max(busy_until or 0, e["ts"] + e["dur"])
+    return total, table
 
 
 def main():
@@ -83,8 +125,10 @@ def main():
     p.add_argument("trace")
     p.add_argument("--json", help="write the table as JSON")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--idle", action="store_true", help="also where the device waited")
     a = p.parse_args()
-    steps, table = attribute(load(a.trace))
+    events = load(a.trace)
+    steps, table = attribute(events)
     per = max(steps, 1)
     rows = sorted(((k[0], k[1], n / per, us / per / 1000) for k, (n, us) in table.items()),
                   key=lambda r: -r[2])
@@ -98,14 +142,31 @@ def main():
     print(f"the {a.top} op groups with the most launches per step:")
     for phase, op, n, ms in rows[:a.top]:
         print(f"  {n:7.0f} {ms:8.2f} ms  {phase}: {op}")
+    out = {"steps": steps,
+           "phases": {k: {"launches_per_step": v[0], "device_ms_per_step": v[1]}
+                      for k, v in phases.items()},
+           "ops": [{"phase": ph, "op": op, "launches_per_step": n, "device_ms_per_step": ms}
+                   for ph, op, n, ms in rows]}
+    if a.idle:
+        total, gaps = idle(events)
+        by_phase = collections.defaultdict(float)
+        for (phase, _), (_, us) in gaps.items():
+            by_phase[phase] += us / per / 1000
+        print(f"device idle per step: {total / per / 1000:.2f} ms; by phase:")
+        for phase, ms in sorted(by_phase.items(), key=lambda x: -x[1]):
+            print(f"  {phase:40s} {ms:9.2f} ms")
+        ranked = sorted(gaps.items(), key=lambda x: -x[1][1])
+        print(f"the {a.top} largest idle times per step, by what ended the wait:")
+        for (phase, op), (n, us) in ranked[:a.top]:
+            print(f"  {us / per / 1000:8.2f} ms {n / per:7.0f} gaps  {phase}: {op}")
+        out["idle"] = {"device_idle_ms_per_step": total / per / 1000,
+                       "phases": dict(by_phase),
+                       "gaps": [{"phase": ph, "ended_by": op, "gaps_per_step": n / per,
+                                 "idle_ms_per_step": us / per / 1000}
+                                for (ph, op), (n, us) in ranked]}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"steps": steps,
-                       "phases": {k: {"launches_per_step": v[0], "device_ms_per_step": v[1]}
-                                  for k, v in phases.items()},
-                       "ops": [{"phase": ph, "op": op, "launches_per_step": n,
-                                "device_ms_per_step": ms} for ph, op, n, ms in rows]},
-                      f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
 
 

@@ -2,6 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "data/packing/packed_row.h"
+
 namespace vlm::model {
 namespace {
 
@@ -41,12 +46,30 @@ VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device) {
                                        {static_cast<int64_t>(host.image_token_index.size())},
                                        torch::kInt64),
                       device, torch::kInt64);
+  if (device.is_cuda()) {
+    std::vector<int64_t> positions = supervised_positions(host);
+    b.supervised_positions =
+        positions.empty()
+            ? torch::empty({0}, torch::TensorOptions().dtype(torch::kInt64).device(device))
+            : to_device(torch::from_blob(positions.data(), {static_cast<int64_t>(positions.size())},
+                                         torch::kInt64),
+                        device, torch::kInt64);
+  }
   if (host.num_crops > 0 && !host.crops.empty()) {
     const auto* staged = static_cast<const torch::Tensor*>(host.staged_crops.get());
     b.crops = staged && device.is_cuda() ? staged->to(device, /*non_blocking=*/true)
                                          : to_device(crops_view(host), device, torch::kFloat32);
   }
   return b;
+}
+
+std::vector<int64_t> supervised_positions(const data::HostBatch& host) {
+  std::vector<int64_t> positions;
+  positions.reserve(static_cast<size_t>(std::max<int64_t>(host.supervised_tokens, 0)));
+  for (size_t i = 0; i < host.labels.size(); ++i) {
+    if (host.labels[i] != data::kIgnoreLabel) positions.push_back(static_cast<int64_t>(i));
+  }
+  return positions;
 }
 
 void stage_crops(data::HostBatch& host, const torch::Device& device) {

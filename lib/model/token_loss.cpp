@@ -18,11 +18,14 @@ torch::Tensor summed_cross_entropy(const torch::Tensor& rows, const torch::Tenso
 }  // namespace
 
 TokenLoss token_losses(const torch::Tensor& hidden, const torch::Tensor& labels,
-                       const torch::Tensor& head_weight, int64_t chunk_tokens) {
+                       const torch::Tensor& head_weight, int64_t chunk_tokens,
+                       const torch::Tensor& given_positions) {
   const int64_t width = hidden.size(-1);
   const torch::Tensor flat_labels = labels.reshape({-1});
   const torch::Tensor supervised = flat_labels != kIgnoreLabel;
-  const torch::Tensor positions = supervised.nonzero().squeeze(1);
+  // nonzero's output size is data-dependent: on a GPU it waits for the device to count.
+  const torch::Tensor positions =
+      given_positions.defined() ? given_positions : supervised.nonzero().squeeze(1);
   const torch::Tensor rows = hidden.reshape({-1, width}).index_select(0, positions);
   const torch::Tensor targets = flat_labels.index_select(0, positions);
   // A batch without supervised tokens still returns a loss connected to the graph (zero), so

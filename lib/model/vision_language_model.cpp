@@ -104,8 +104,8 @@ VlmOutput VisionLanguageModelImpl::forward_embeddings(const torch::Tensor& embed
   const torch::Tensor hidden =
       decoder->forward(embeddings.to(module_dtype(*decoder)), batch.position_ids, allowed,
                        levers_.checkpoint_language, parse_attention_choice(levers_.attention));
-  const TokenLoss loss =
-      token_losses(hidden, batch.labels, decoder->head_weight(), levers_.loss_chunk_tokens);
+  const TokenLoss loss = token_losses(hidden, batch.labels, decoder->head_weight(),
+                                      levers_.loss_chunk_tokens, batch.supervised_positions);
   VlmOutput out{loss.sum, loss.count, torch::Tensor()};
   if (return_logits) out.logits = decoder->logits(hidden);
   return out;

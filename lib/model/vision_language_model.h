@@ -31,6 +31,12 @@ struct VlmBatch {
   // embeddings, crop by crop, each crop's tokens in pixel-shuffle order.
   torch::Tensor image_token_index;
   torch::Tensor labels;  // [B, T] int64 targets aligned with positions; -100 = no loss
+  // Optional [S] int64: the flat positions (row * T + t) where labels != -100, ascending, on
+  // the labels' device. to_tensors computes them on the host for CUDA, so that the loss does
+  // not find them on the device: that read back the count mid-step, and the GPU waited idle
+  // while the host then launched the loss and the backward (8-9 ms a micro-batch on an H200,
+  // docs/BENCHMARKS.md). Undefined: the loss finds them itself.
+  torch::Tensor supervised_positions;
 };
 
 struct VlmOutput {

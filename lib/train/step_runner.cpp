@@ -61,6 +61,12 @@ void StepRunner::pre_split(std::vector<data::HostBatch>& sub_batches, int64_t ca
   }
 }
 
+void StepRunner::release(std::vector<std::vector<data::HostBatch>> slots) {
+  if (released_.valid()) released_.wait();
+  auto held = std::make_shared<std::vector<std::vector<data::HostBatch>>>(std::move(slots));
+  released_ = releaser_.submit([held = std::move(held)]() mutable { held.reset(); });
+}
+
 StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int64_t step,
                          RunState& state) {
   // One slot per micro-step; a slot holds several sub-batches after OOM splits.
@@ -102,6 +108,7 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
         work.loss_sum_device = torch::Tensor();
       }
       timer_.collect();
+      release(std::move(slots));
       return work;
     }
 

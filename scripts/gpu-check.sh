@@ -11,6 +11,7 @@
 #                        [--no-ctest] [--only CHECKS] [--presets LIST] [--nanovlm PATH]
 #                        [--record DIR] [--record-runs NAMES] [--target TARGET]
 #                        [--throughput-steps N] [--stream FILE] [--stream-steps N]
+#                        [--baseline SRC]
 #
 # --record DIR, the recording mode: the `record` check runs the recording matrix (tiny, 222M
 # and 460M; fp32 and bf16; checkpointing, ViT and loss chunking, frozen towers, several batch
@@ -26,6 +27,11 @@
 # stream check (end to end on a length stream, each tool with its own packing; --stream FILE,
 # default ../shared/bench/stream-public-seed1234.jsonl) runs nanoVLM's packing and loop beside.
 #
+# --baseline SRC (a source tree of another revision: scripts/baseline-tree.sh REV makes one)
+# builds its vlmtrain beside this one ($build_dir-baseline) and the throughput check runs both
+# on the same rows in the same call: a change's effect on one machine, apart from the variance
+# between lent machines.
+#
 # LibTorch: CMAKE_PREFIX_PATH as given, else the one of python3's torch. Other dependencies:
 # as for any build (scripts/install-deps.sh, or CMAKE_PREFIX_PATH); VLM_CMAKE_ARGS adds flags.
 # Exit codes: 0 every check passed; 3 a check failed (the report says which and why); 4 the
@@ -35,6 +41,7 @@ cd "$(dirname "$0")/.." || exit 2
 
 build_dir=build-gpu report=gpu-check.json work=gpu-check-runs build=1 ctest=1 only="" presets=""
 nanovlm="" record="" target="" throughput_steps="" record_runs="" stream="" stream_steps=""
+baseline=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
@@ -51,7 +58,8 @@ while [ $# -gt 0 ]; do
     --record-runs) record_runs=$2; shift 2 ;;
     --stream) stream=$2; shift 2 ;;
     --stream-steps) stream_steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    --baseline) baseline=$2; shift 2 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -65,22 +73,26 @@ mkdir -p "$work"
 gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
 echo "gpu-check: $gpu"
 
-if [ "$build" = 1 ]; then
-  prefix=${CMAKE_PREFIX_PATH:-}
+# build SOURCE_DIR BUILD_DIR TARGETS LOG_NAME: configure and build, or explain and exit 4.
+build_tree() {
+  local prefix=${CMAKE_PREFIX_PATH:-}
   if [ -z "$prefix" ]; then
     prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
       echo "gpu-check: no CMAKE_PREFIX_PATH and no python3 torch to find LibTorch" >&2; exit 4; }
   fi
   # shellcheck disable=SC2086  # VLM_CMAKE_ARGS is a list of flags
-  if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-         -DCMAKE_PREFIX_PATH="$prefix" ${VLM_CMAKE_ARGS:-} > "$work/configure.log" 2>&1 ||
-     ! cmake --build "$build_dir" -j "$(nproc)" ${target:+--target ${target//,/ }} \
-         > "$work/build.log" 2>&1; then
-    echo "gpu-check: the build failed; see $work/configure.log and $work/build.log" >&2
-    grep -E -A3 'error:|CMake Error' "$work/configure.log" "$work/build.log" | head -40 >&2
+  if ! cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+         -DCMAKE_PREFIX_PATH="$prefix" ${VLM_CMAKE_ARGS:-} > "$work/configure$4.log" 2>&1 ||
+     ! cmake --build "$2" -j "$(nproc)" ${3:+--target ${3//,/ }} > "$work/build$4.log" 2>&1; then
+    echo "gpu-check: the build of $1 failed; see $work/configure$4.log and $work/build$4.log" >&2
+    grep -E -A3 'error:|CMake Error' "$work/configure$4.log" "$work/build$4.log" | head -40 >&2
     exit 4
   fi
-  echo "gpu-check: built $build_dir/vlmtrain"
+  echo "gpu-check: built $2/vlmtrain"
+}
+if [ "$build" = 1 ]; then
+  build_tree . "$build_dir" "$target" ""
+  [ -n "$baseline" ] && build_tree "$baseline" "$build_dir-baseline" vlmtrain "-baseline"
 fi
 
 ctest_json='null'
@@ -112,6 +124,7 @@ args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --heade
 [ -n "$record_runs" ] && args+=(--record-runs "$record_runs")
 [ -n "$stream" ] && args+=(--stream "$stream")
 [ -n "$stream_steps" ] && args+=(--stream-steps "$stream_steps")
+[ -n "$baseline" ] && args+=(--baseline-vlmtrain "$build_dir-baseline/vlmtrain")
 python3 scripts/gpu_check.py "${args[@]}"
 rc=$?
 if [ "$ctest" = 1 ] && [ "$ctest_rc" != 0 ] && [ "$rc" = 0 ]; then rc=4; fi

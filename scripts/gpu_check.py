@@ -48,15 +48,16 @@ class Runner:
     def __init__(self, vlmtrain, work, data, device="cuda"):
         self.vlmtrain, self.work, self.data, self.device = vlmtrain, work, data, device
 
-    def train(self, name, config, overrides, env=None, expect_ok=True, resume=False):
-        """Runs `vlmtrain train` in a fresh run dir (`resume`: continue the one there);
-        returns (exit code, run dir, step records)."""
+    def train(self, name, config, overrides, env=None, expect_ok=True, resume=False,
+              vlmtrain=None):
+        """Runs `vlmtrain train` (`vlmtrain`: another build of it) in a fresh run dir
+        (`resume`: continue the one there); returns (exit code, run dir, step records)."""
         out = os.path.join(self.work, name)
         if not resume:  # a run dir left by an earlier gpu-check would be resumed
             shutil.rmtree(out, ignore_errors=True)
             if os.path.exists(out + ".log"):
                 os.remove(out + ".log")
-        args = [self.vlmtrain, "--no-color", "train", "--config", os.path.join(ROOT, config),
+        args = [vlmtrain or self.vlmtrain, "--no-color", "train", "--config", os.path.join(ROOT, config),
                 "--set", f"data.train=[{{path: {self.data}/train.jsonl}}]",
                 "--set", f"train.device={self.device}", "--set", f"output.dir={out}"]
         for item in overrides:
@@ -406,10 +407,11 @@ def check_attention(r, parity_check):
 
 
 def check_throughput(r, presets, steps, nanovlm_path, artifacts="", variant="", extra=(),
-                     rows=1):
+                     rows=1, baseline=""):
     """Useful tokens/s and MFU of `rows` 4096-token rows per step, bf16; with artifacts the
     last 3 steps are profiled, with nanovlm_path nanoVLM's own step runs on the same tokens and
-    crops. `variant` names runs with `extra` overrides (the grouped attention, say)."""
+    crops, with `baseline` (another build's vlmtrain) that build on the same rows, unprofiled.
+    `variant` names runs with `extra` overrides (the grouped attention, say)."""
     out = {}
     for preset in presets:
         # The last 3 steps are profiled (output.profile_steps); the throughput figures are the
@@ -432,6 +434,16 @@ def check_throughput(r, presets, steps, nanovlm_path, artifacts="", variant="", 
             add_to_tar(os.path.join(artifacts, "profiles.tar"), f"{label}/profile.rank0.json.xz",
                        xz(os.path.join(run, "profile.rank0.json")))
         shutil.rmtree(os.path.join(run, "checkpoints"), ignore_errors=True)
+        if baseline:
+            _, base_run, base = r.train(f"throughput-{label}-baseline", "configs/nanovlm.yaml",
+                                        nanovlm(preset) + [f"train.batch_size={rows}",
+                                                           "train.precision=bf16",
+                                                           f"train.max_steps={steps}", *extra],
+                                        vlmtrain=baseline)
+            ours["baseline"] = summary_of(base, skip=3)
+            ours["useful_tokens_per_s_vs_baseline"] = (
+                ours["useful_tokens_per_s"] / ours["baseline"]["useful_tokens_per_s"])
+            shutil.rmtree(os.path.join(base_run, "checkpoints"), ignore_errors=True)
         if not nanovlm_path:
             continue
         # nanoVLM's own training step on a row of the same tokens and crops (the median step's).
@@ -556,6 +568,8 @@ def main():
                    "attention check)")
     p.add_argument("--nanovlm", default="", help="a nanoVLM checkout: its training step's "
                    "tokens/s beside ours in the throughput and stream checks")
+    p.add_argument("--baseline-vlmtrain", default="", help="another build's vlmtrain: the "
+                   "throughput check runs it too, on the same rows")
     p.add_argument("--stream", default=STREAM, help="the length stream of the stream check")
     p.add_argument("--stream-steps", type=int, default=8, help="timed optimizer steps of the "
                    "stream check (16 rows each), after 2 untimed")
@@ -582,7 +596,8 @@ def main():
         ("resume", lambda: check_resume(r)),
         ("attention", lambda: check_attention(r, a.parity_check)),
         ("throughput", lambda: check_throughput(r, big, a.throughput_steps, a.nanovlm,
-                                                a.artifacts)),
+                                                a.artifacts,
+                                                baseline=a.baseline_vlmtrain)),
         # The same rows with the grouped attention of before (no nanoVLM, no profile): what
         # the varlen kernel changes, on the same machine.
         ("throughput_grouped", lambda: check_throughput(r, big, a.throughput_steps, "", "",

@@ -77,6 +77,15 @@ int run_calibrate_memory(const CalibrateArgs& args) {
     std::cout << "(no --out: nothing written)\n";
     return 0;
   }
+  // A fit from impossible measurements is refused by the file's own reader: say so here, naming
+  // the run, rather than write what every train and estimate would then refuse.
+  try {
+    check_calibration_file(CalibrationFile{{fit.entry}}, args.out);
+  } catch (const ConfigError& refused) {
+    throw DataError("the run's measurements give a calibration that cannot be used (" +
+                        refused.message() + "): nothing written to " + args.out,
+                    SourceLocation{metrics.string()});
+  }
   // An existing file is read strictly first: a malformed one is reported, never overwritten.
   CalibrationFile file;
   if (fs::exists(args.out, ec)) file = read_calibration_file(args.out);

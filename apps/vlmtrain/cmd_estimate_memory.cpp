@@ -39,6 +39,9 @@ memory::TorchVersion torch_of(const EstimateArgs& args) {
   if (!version) {
     throw UsageError("--torch " + text + ": not a LibTorch version (major.minor, e.g. 2.4)");
   }
+  if (version->major < 1 || version->major > 9) {  // LibTorch began at 1.0
+    throw UsageError("--torch " + text + ": no LibTorch has this version (1.0 or later, e.g. 2.4)");
+  }
   return *version;
 }
 
@@ -103,6 +106,13 @@ std::optional<estimate::Target> chosen_target(const EstimateArgs& args, const Co
       t.memory_bytes = *bytes;
       t.safety_margin = config.memory.safety_margin;
       return t;
+    }
+    // Not a size: a GPU's name (memory.device_memory takes both), or neither.
+    if (!find_gpu_by_name(budget)) {
+      throw UsageError(where + " '" + budget +
+                       "': neither a memory size (a positive number below 8 EiB with an "
+                       "optional unit: 24GiB, 80GB, 85899345920) nor a GPU of the catalog (" +
+                       join(gpu_names(), ", ") + ")");
     }
     const GpuInfo gpu = gpu_named(budget, where);
     return cuda_target(gpu, gpu.memory_bytes, gpu.name, torch, args, config);
@@ -258,15 +268,22 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
 
 }  // namespace
 
+// Given but empty (--gpu ""): an error, not the absence of a target.
+const CLI::Validator kNotEmpty(
+    [](std::string& value) { return value.empty() ? std::string("must not be empty") : ""; }, "",
+    "NOT EMPTY");
+
 Command add_estimate_memory_command(CLI::App& root, const GlobalOptions& global) {
   auto args = std::make_shared<EstimateArgs>();
   CLI::App* cmd = root.add_subcommand(
       "estimate-memory",
       "Predict the peak memory of a training step (worst case; with data, typical) and what to "
       "change to fit a GPU");
-  cmd->add_option("--gpu", args->gpu, "Target GPU by catalog name (e.g. H100-80GB)");
+  cmd->add_option("--gpu", args->gpu, "Target GPU by catalog name (e.g. H100-80GB)")
+      ->check(kNotEmpty);
   cmd->add_option("--budget", args->budget,
-                  "Target memory (e.g. 24GiB) on train.device (auto: CUDA when built with it)");
+                  "Target memory (e.g. 24GiB) on train.device (auto: CUDA when built with it)")
+      ->check(kNotEmpty);
   cmd->add_option("--ranks", args->ranks, "Data-parallel ranks, 1 to 65536")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   cmd->add_flag("--data", args->data,

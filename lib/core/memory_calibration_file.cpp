@@ -221,9 +221,10 @@ bool CalibrationFile::merge(CalibrationEntry entry) {
   return false;
 }
 
-CalibrationFile read_calibration_file(const fs::path& path) {
-  const std::string text = read_text(path);
-  const json document = parse(path, text);
+namespace {
+
+// The reader's rules over a parsed document; `path` names the file in errors.
+CalibrationFile calibration_from_json(const json& document, const fs::path& path) {
   const Fields top(path, document, "$");
   top.only({"format", "version", "entries"});
   if (top.string("format") != kCalibrationFormat) {
@@ -245,6 +246,17 @@ CalibrationFile read_calibration_file(const fs::path& path) {
     file.entries.push_back(std::move(e));
   }
   return file;
+}
+
+}  // namespace
+
+CalibrationFile read_calibration_file(const fs::path& path) {
+  const std::string text = read_text(path);
+  return calibration_from_json(parse(path, text), path);
+}
+
+void check_calibration_file(const CalibrationFile& file, const fs::path& path) {
+  calibration_from_json(parse(path, calibration_json(file)), path);
 }
 
 std::string calibration_json(const CalibrationFile& file) {
@@ -270,6 +282,7 @@ std::string calibration_json(const CalibrationFile& file) {
 }
 
 void write_calibration_file(const fs::path& path, const CalibrationFile& file) {
+  check_calibration_file(file, path);  // never a file its reader refuses
   const std::string text = calibration_json(file);
   fs::path tmp = path;
   tmp += ".tmp." + std::to_string(::getpid());

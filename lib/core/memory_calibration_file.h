@@ -61,8 +61,14 @@ CalibrationFile read_calibration_file(const std::filesystem::path& path);
 // The file's JSON text (2-space indented, keys in the order above, a final newline).
 std::string calibration_json(const CalibrationFile& file);
 
+// Checks `file` by the reader's rules, as read_calibration_file would read it back from `path`
+// (the ConfigError it would throw).
+void check_calibration_file(const CalibrationFile& file, const std::filesystem::path& path);
+
 // Writes `file` to `path` atomically: a temporary file in the same directory, flushed and
-// fsynced, renamed over `path`. Throws vlm::Error (usage code) naming the path on failure.
+// fsynced, renamed over `path`. A file its reader would refuse is not written
+// (check_calibration_file's ConfigError). Throws vlm::Error (usage code) naming the path on a
+// write failure.
 void write_calibration_file(const std::filesystem::path& path, const CalibrationFile& file);
 
 }  // namespace vlm

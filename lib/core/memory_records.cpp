@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/json_depth.h"
@@ -74,6 +77,7 @@ RunRecord read_run(const Record& r, int64_t line) {
   RunRecord run;
   run.line = line;
   run.device = r.string("device");
+  if (run.device.empty()) r.fail("\"device\" is empty");
   run.torch_version = r.string("torch_version");
   run.world_size = r.integer("world_size");
   if (run.world_size < 1) r.fail("\"world_size\" must be at least 1");
@@ -100,6 +104,21 @@ StepMemoryRecord read_step(const Record& r, int64_t line, size_t run) {
   s.predicted_device_bytes = r.optional_integer("memory/predicted_device_bytes");
   s.device_overhead_bytes = r.optional_integer("memory/device_overhead_bytes");
   s.oom_retries = r.integer("oom_retries");
+  // Sizes: a negative one is no measurement (the device's overhead, a difference of two
+  // readings, may be).
+  for (const auto& [key, value] :
+       {std::pair<const char*, std::optional<int64_t>>{"memory/predicted_peak_bytes",
+                                                       s.predicted_peak_bytes},
+        {"memory/predicted_uncalibrated_peak_bytes", s.uncalibrated_peak_bytes},
+        {"memory/predicted_static_bytes", s.predicted_static_bytes},
+        {"memory/peak_allocated_bytes", s.peak_allocated_bytes},
+        {"memory/peak_reserved_bytes", s.peak_reserved_bytes},
+        {"memory/predicted_reserved_bytes", s.predicted_reserved_bytes},
+        {"memory/predicted_device_bytes", s.predicted_device_bytes}}) {
+    if (value && *value < 0)
+      r.fail(std::string("\"") + key + "\" is negative: " + std::to_string(*value));
+  }
+  if (s.oom_retries < 0) r.fail("\"oom_retries\" is negative");
   return s;
 }
 

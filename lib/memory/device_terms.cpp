@@ -1,9 +1,14 @@
 #include "memory/device_terms.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <regex>
+#include <string>
 
+#include "core/error.h"
 #include "memory/parameter_tensors.h"
 
 namespace vlm::memory {
@@ -108,18 +113,56 @@ int64_t static_tensor_bytes(const MemorySpec& spec, StepState before, bool round
   return total;
 }
 
-int64_t cublas_workspace_bytes(const DeviceTarget& target) {
+std::optional<int64_t> cublas_workspace_config_bytes(std::string_view value) {
   // parseChosenWorkspaceSize: every ":SIZE:COUNT" pair adds SIZE KiB COUNT times; a value with
   // none falls back to the default (with a warning).
   static const std::regex pair(":([0-9]+):([0-9]+)");
-  const std::string& config = target.cublas_workspace_config;
-  int64_t configured = 0;
-  bool any = false;
+  const std::string config(value);
+  const auto refuse = [&](const std::string& why) {
+    return UsageError("CUBLAS_WORKSPACE_CONFIG=" + config + ": " + why +
+                      " (the format is :SIZE:COUNT, SIZE in KiB, e.g. :4096:8)");
+  };
+  // Digits only (the pattern's), so any failure of strtoll is a value out of range.
+  const auto number = [&](const std::string& digits) {
+    errno = 0;
+    const long long n = std::strtoll(digits.c_str(), nullptr, 10);
+    if (errno == ERANGE || n > std::numeric_limits<int>::max()) {
+      throw refuse(digits + " is larger than PyTorch reads (an int)");
+    }
+    return static_cast<int64_t>(n);
+  };
+  std::optional<int64_t> total;
   for (std::sregex_iterator it(config.begin(), config.end(), pair), end; it != end; ++it) {
-    configured += std::stoll((*it)[1]) * 1024 * std::stoll((*it)[2]);
-    any = true;
+    const int64_t kib = number((*it)[1]), count = number((*it)[2]);
+    // Both below 2^31: kib * count < 2^62 does not overflow, nor does the bounded sum.
+    if (count > 0 && kib > kMaxEnvironmentBytes / 1024 / count) {
+      throw refuse("a workspace of more than 1 TiB");
+    }
+    total = total.value_or(0) + kib * 1024 * count;
+    if (*total > kMaxEnvironmentBytes) throw refuse("a workspace of more than 1 TiB");
   }
-  if (any) return configured;
+  return total;
+}
+
+std::optional<int64_t> nccl_buffsize_bytes(std::string_view value) {
+  const std::string text(value);
+  errno = 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0') return std::nullopt;  // not an integer: NCCL's default
+  if (n <= 0) return std::nullopt;  // NCCL keeps its default (also below LLONG_MIN)
+  if (errno == ERANGE || n > kMaxEnvironmentBytes) {
+    throw UsageError("NCCL_BUFFSIZE=" + text +
+                     ": a buffer of more than 1 TiB per channel and protocol (NCCL's default "
+                     "is 4194304)");
+  }
+  return static_cast<int64_t>(n);
+}
+
+int64_t cublas_workspace_bytes(const DeviceTarget& target) {
+  if (const auto configured = cublas_workspace_config_bytes(target.cublas_workspace_config)) {
+    return *configured;
+  }
   return target.gpu.compute_capability == 90 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8;
 }
 

@@ -111,6 +111,17 @@ int64_t static_tensor_bytes(const MemorySpec& spec, StepState before, bool round
 // aten/src/ATen/cuda/CublasHandlePool.cpp: 4096 KiB * 2 + 16 KiB * 8, or 32 MiB on sm_90.
 int64_t cublas_workspace_bytes(const DeviceTarget& target);
 
+// The environment's say in the device terms, read as their readers read them and bounded:
+// - CUBLAS_WORKSPACE_CONFIG: the sum of SIZE KiB x COUNT over its ":SIZE:COUNT" pairs
+//   (parseChosenWorkspaceSize), nullopt without a pair (PyTorch warns and keeps its default).
+//   A SIZE or COUNT beyond an int (PyTorch's std::stoi throws) or a total beyond
+//   kMaxEnvironmentBytes is a UsageError naming the variable.
+// - NCCL_BUFFSIZE: an integer > 0 (NCCL's strtoll), nullopt otherwise (NCCL's default); beyond
+//   kMaxEnvironmentBytes a UsageError naming the variable.
+inline constexpr int64_t kMaxEnvironmentBytes = int64_t{1} << 40;  // 1 TiB: more than any device
+std::optional<int64_t> cublas_workspace_config_bytes(std::string_view value);
+std::optional<int64_t> nccl_buffsize_bytes(std::string_view value);
+
 // The layers over a predicted step: `tensor_peak` and `tensor_static` are predict_step's
 // peak_bytes and static_bytes for the state `before`.
 DeviceBreakdown device_breakdown(const MemorySpec& spec, StepState before, int64_t tensor_peak,

@@ -53,6 +53,17 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
     return;
   }
   memory_.emplace(predictor.spec(), budget_->target, predictor.corrections());
+  // The model states' bytes do not depend on what the replay covers: checked whatever follows,
+  // before the trainer builds the model (a device they alone exceed would fail there instead,
+  // with the allocator's bare message).
+  if (const int64_t statics = memory_->static_bytes(); statics >= budget_->usable_bytes()) {
+    throw Error(ExitCode::kOutOfMemory,
+                "the model states alone (" + gib(statics) +
+                    ": parameters, gradients, AdamW's moments) exceed the memory budget of " +
+                    gib(budget_->usable_bytes()) + " (" + budget_->source +
+                    " x (1 - memory.safety_margin " + format_real(budget_->safety_margin) +
+                    ")); freeze a module, or train on a larger device");
+  }
   if (!memory_->why_not().empty()) {
     const std::string why = memory_->why_not();
     memory_.reset();
@@ -86,14 +97,6 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
   }
   const int64_t usable = budget_->usable_bytes();
   const int64_t statics = memory_->static_bytes();
-  if (statics >= usable) {
-    throw Error(ExitCode::kOutOfMemory,
-                "the model states alone (" + gib(statics) +
-                    ": parameters, gradients, AdamW's moments) exceed the memory budget of " +
-                    gib(usable) + " (" + budget_->source + " x (1 - memory.safety_margin " +
-                    format_real(budget_->safety_margin) +
-                    ")); freeze a module, or train on a larger device");
-  }
   spdlog::info("memory budget: {} = {} x (1 - {}) = {}; model states {}, {} left for each "
                "micro-batch's activations{}",
                budget_->source, gib(budget_->device_bytes), format_real(budget_->safety_margin),

@@ -43,12 +43,11 @@ memory::DeviceTarget device_target(const c10::Device& device, int world_size) {
   gpu.name = name;  // not in the catalog: calibrated under the name the device reports
   if (const auto known = find_gpu(name)) gpu = *known;
   target = memory::DeviceTarget::cuda_device(gpu, target.torch, world_size);
+  // Both read as their readers read them; out of range is a usage error naming the variable.
   target.cublas_workspace_config = environment("CUBLAS_WORKSPACE_CONFIG").value_or("");
-  // NCCL reads NCCL_BUFFSIZE as an integer; anything else leaves its default.
+  memory::cublas_workspace_config_bytes(target.cublas_workspace_config);
   if (const auto buffsize = environment("NCCL_BUFFSIZE")) {
-    char* end = nullptr;
-    const long long value = std::strtoll(buffsize->c_str(), &end, 10);
-    if (*end == '\0' && value > 0) target.nccl_buffsize = value;
+    target.nccl_buffsize = memory::nccl_buffsize_bytes(*buffsize).value_or(target.nccl_buffsize);
   }
   return target;
 }

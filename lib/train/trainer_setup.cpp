@@ -63,6 +63,9 @@ void Trainer::setup() {
       runtime::install_cpu_tracking_allocator().set_cap_bytes(cap);
     }
   }
+  // Before the model is built: model states the budget cannot hold stop here, saying so.
+  budget_ = std::make_unique<MemoryBudgetKeeper>(
+      config_, *memory_, device_.is_cuda() ? runtime::memory_stats(device_).device_total_bytes : 0);
   runtime::DistributedOptions dist_options;
   dist_options.timeout = std::chrono::seconds(config_.distributed.timeout_s);
   dist_options.backend = config_.distributed.backend;
@@ -97,8 +100,6 @@ void Trainer::setup() {
                         parse_lr_decay(config_.train.schedule)});
   if (precision_ == Precision::kFp16) scaler_ = std::make_unique<LossScaler>();
 
-  budget_ = std::make_unique<MemoryBudgetKeeper>(
-      config_, *memory_, device_.is_cuda() ? runtime::memory_stats(device_).device_total_bytes : 0);
   data_ = std::make_unique<data::DataSetup>(config_, dist_.world_size, budget_->planner_cap());
   pipeline_ = data_->training_pipeline();
 

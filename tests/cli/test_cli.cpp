@@ -288,6 +288,26 @@ TEST_CASE("calibrate-memory and memory.calibration refuse bad input with the doc
   CHECK(r.exit_code == kData);
   check_one_line_error(r, "at least 5 steps");
 
+  // Measurements in range whose fit the calibration file cannot hold (an offset beyond 1 TiB):
+  // refused, naming the run and the field, and no file is written.
+  std::string steps;
+  for (int i = 1; i <= 6; ++i) {
+    steps += R"({"type": "step", "step": )" + std::to_string(i) +
+             R"(, "memory/predicted_peak_bytes": 1000, "memory/predicted_static_bytes": 5,)"
+             R"( "memory/peak_allocated_bytes": 2000000000000000, "oom_retries": 0})"
+             "\n";
+  }
+  write_file(run / "metrics.jsonl", header + steps);
+  const auto cal = dir / "cal.json";
+  r = run_vlmtrain("calibrate-memory --run '" + run.string() + "' --out '" + cal.string() + "'");
+  CHECK(r.exit_code == kData);
+  // The fit is printed (what was measured), then the error naming the run and the field.
+  CHECK(r.output.find("error: " + metrics +
+                      ": the run's measurements give a calibration that cannot be used") !=
+        std::string::npos);
+  CHECK(r.output.find("$.entries[0].allocated_offset_bytes") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(cal));
+
   // A malformed calibration file is a usage error, at start and before anything is trained.
   const std::string bad = write_file(dir / "bad.json", "{\"format\": 1}");
   r = run_vlmtrain(

@@ -2,6 +2,7 @@
 // field named by file and JSON path, or file:line), the atomic write, the merge.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <string>
 
 #include "core/error.h"
@@ -146,6 +147,43 @@ TEST_CASE("memory calibration file: every malformed field is named by file and J
   check_refused(file_with(entry_with("1.02", "1e400")), "invalid JSON");
 }
 
+TEST_CASE("memory calibration file: what its reader would refuse is never written") {
+  TempDir dir;
+  CalibrationEntry entry;
+  entry.device = "H100-80GB";
+  entry.torch = "2.1";
+  entry.fit = CalibrationProvenance{"runs/h100", 40, 2048, 512, "2026-11-20"};
+  const auto path = dir / "calibration.json";
+  // Each field beyond the reader's range, and an empty device name: refused as the reader
+  // would refuse it, naming the JSON path, and nothing is left on disk.
+  const auto refused = [&](CalibrationEntry e, const std::string& place) {
+    INFO(place);
+    try {
+      write_calibration_file(path, CalibrationFile{{e}});
+      FAIL("written");
+    } catch (const Error& error) {
+      CHECK(error.code() == ExitCode::kUsage);
+      CHECK(error.message().find(place) != std::string::npos);
+    }
+    CHECK_FALSE(std::filesystem::exists(path));
+  };
+  CalibrationEntry e = entry;
+  e.allocated_offset_bytes = (int64_t{1} << 40) + 1;
+  refused(e, "$.entries[0].allocated_offset_bytes: 1099511627777 is out of range");
+  e = entry;
+  e.cuda_context_bytes = -1;
+  refused(e, "$.entries[0].cuda_context_bytes: -1 is out of range");
+  e = entry;
+  e.device = "";
+  refused(e, "$.entries[0].device: empty device name");
+  e = entry;
+  e.activation_scale = 1e9;
+  refused(e, "$.entries[0].activation_scale");
+  // What the reader accepts is written and reads back the same.
+  write_calibration_file(path, CalibrationFile{{entry}});
+  CHECK(read_calibration_file(path).entries.size() == 1);
+}
+
 TEST_CASE("memory calibration file: a missing file or a directory is a usage error") {
   TempDir dir;
   CHECK_THROWS_WITH(read_calibration_file(dir / "none.json"),
@@ -210,6 +248,14 @@ TEST_CASE("memory records: run and step records, torn last line, errors at file:
   std::string step = step_line(1, 5, 5);
   step.replace(step.find("\"step\": 1"), 9, "\"step\": 18446744073709551615");
   refused(kRun + "\n" + step + "\n", ":2: metrics record: \"step\" is too large");
+  // Impossible measurements: negative sizes, a run on a device without a name.
+  refused(kRun + "\n" + step_line(1, 5000, -5000) + "\n",
+          ":2: metrics record: \"memory/peak_allocated_bytes\" is negative: -5000");
+  refused(kRun + "\n" + step_line(1, -1, 5000) + "\n",
+          ":2: metrics record: \"memory/predicted_peak_bytes\" is negative: -1");
+  std::string nameless = kRun;
+  nameless.replace(nameless.find("\"cpu\""), 5, "\"\"");
+  refused(nameless + "\n", ":1: metrics record: \"device\" is empty");
   CHECK_THROWS_WITH(read_memory_records(dir / "missing.jsonl"),
                     Catch::Contains("cannot open the run's metrics"));
 }

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
+#include "data/source/item_source.h"
 #include "data/source/length_stream.h"
 #include "support/test_support.h"
 
@@ -48,6 +49,14 @@ TEST_CASE("length stream: malformed lines name file:line and the problem") {
         "must be an integer");
   check("[5, 0, 0, 0]", "expected a JSON object");
   check("{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 9}", "exceeds tokens");
+  // Shapes no sample has: 100,000 crops in 100 tokens, more images than crops, crops without
+  // an image.
+  check("{\"tokens\": 100, \"images\": 1, \"crops\": 100000, \"supervised\": 1}",
+        "100000 crops in 100 tokens");
+  check("{\"tokens\": 900, \"images\": 3, \"crops\": 2, \"supervised\": 1}",
+        "2 crops for 3 images");
+  check("{\"tokens\": 900, \"images\": 0, \"crops\": 2, \"supervised\": 1}",
+        "2 crops for 0 images");
   // nlohmann's out_of_range, which escaped as an internal error
   // (fuzz/corpus/length_stream/number_past_double).
   check("{\"tokens\": 91e30877, \"images\": 0, \"crops\": 0, \"supervised\": 0}", "bad JSON");
@@ -67,6 +76,28 @@ TEST_CASE("length stream: a line without an end (an endless stream) is refused, 
   const auto last = vlm::test::write_file(
       dir / "t.jsonl", "{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 1}");
   REQUIRE(read_length_stream(last).size() == 1);
+}
+
+TEST_CASE("length stream: a source without a single sample is a DataError naming the file") {
+  vlm::test::TempDir dir;
+  for (const std::string text : {"", "\n\n"}) {
+    const auto path = vlm::test::write_file(dir / "empty.jsonl", text);
+    LengthSource source(path);
+    try {
+      source.next();
+      FAIL("an empty stream gave no error");
+    } catch (const vlm::DataError& e) {
+      CHECK(std::string(e.what()).find(path) == 0);
+      CHECK(std::string(e.what()).find("no sample in the length stream") != std::string::npos);
+    }
+  }
+  // The end of a stream that had samples is just its end.
+  const auto one = vlm::test::write_file(
+      dir / "one.jsonl", "{\"tokens\": 5, \"images\": 0, \"crops\": 0, \"supervised\": 1}\n");
+  LengthSource source(one);
+  CHECK(source.next());
+  CHECK_FALSE(source.next());
+  CHECK_FALSE(source.next());
 }
 
 TEST_CASE("length stream: a missing file is a DataError naming it") {

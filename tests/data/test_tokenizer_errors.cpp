@@ -60,6 +60,16 @@ TEST_CASE("file structure errors") {
   json = valid_json();
   json["model"]["type"] = "WordPiece";
   CHECK_THAT(load_error(dir, json), Contains("model type \"WordPiece\" is not supported"));
+  // A type that is neither a string nor null is no BPE, merges or not (HF's tokenizers refuses
+  // it too; null it reads as no type, and so does this reader).
+  for (const auto& type : {nlohmann::json(5), nlohmann::json(true), nlohmann::json::array()}) {
+    json = valid_json();
+    json["model"]["type"] = type;
+    CHECK_THAT(load_error(dir, json), Contains("model.type is " + type.dump() + ": it must be"));
+  }
+  json = valid_json();
+  json["model"]["type"] = nullptr;
+  CHECK(load_error(dir, json).empty());
   json = valid_json();
   json["model"].erase("vocab");
   CHECK_THAT(load_error(dir, json), Contains("model.vocab is missing"));

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "memory/device_terms.h"
 #include "memory/parameter_tensors.h"
 #include "memory/static_memory.h"
@@ -145,6 +146,36 @@ TEST_CASE("device terms: cuBLAS workspaces by LibTorch version, GPU and CUBLAS_W
   CHECK(memory::cublas_workspace_bytes(target) == 128 * 1024);
   target.cublas_workspace_config = "garbage";  // LibTorch warns and keeps its default
   CHECK(memory::cublas_workspace_bytes(target) == 8'519'680);
+}
+
+TEST_CASE("device terms: CUBLAS_WORKSPACE_CONFIG and NCCL_BUFFSIZE out of range name themselves") {
+  // Read as cuBLAS's handle pool and NCCL read them.
+  CHECK(memory::cublas_workspace_config_bytes(":4096:2:16:8") == 4096 * 1024 * 2 + 16 * 1024 * 8);
+  CHECK(memory::cublas_workspace_config_bytes("") == std::nullopt);
+  CHECK(memory::cublas_workspace_config_bytes(":0:8") == 0);
+  CHECK(memory::nccl_buffsize_bytes("8388608") == 8388608);
+  CHECK(memory::nccl_buffsize_bytes("") == std::nullopt);
+  CHECK(memory::nccl_buffsize_bytes("4MB") == std::nullopt);  // not an integer: NCCL's default
+  CHECK(memory::nccl_buffsize_bytes("-5") == std::nullopt);
+  CHECK(memory::nccl_buffsize_bytes("-99999999999999999999999") == std::nullopt);
+  // Beyond what they read (an int for PyTorch, which throws) or beyond any device: a usage
+  // error naming the variable, not std::out_of_range or a wrapped product.
+  auto target = gpu("A100-80GB", "2.1");
+  for (const char* value : {":99999999999999999999:1", ":2147483648:1", ":2147483647:2147483647",
+                            ":1048576:1024:1:1", ":1:1:1073741824:2"}) {
+    INFO(value);
+    target.cublas_workspace_config = value;
+    CHECK_THROWS_AS(memory::cublas_workspace_bytes(target), UsageError);
+    CHECK_THROWS_WITH(memory::cublas_workspace_bytes(target),
+                      Catch::Contains("CUBLAS_WORKSPACE_CONFIG=" + std::string(value)));
+  }
+  for (const char* value : {"99999999999999999999", "1099511627777"}) {
+    INFO(value);
+    CHECK_THROWS_AS(memory::nccl_buffsize_bytes(value), UsageError);
+    CHECK_THROWS_WITH(memory::nccl_buffsize_bytes(value),
+                      Catch::Contains("NCCL_BUFFSIZE=" + std::string(value)));
+  }
+  CHECK(memory::nccl_buffsize_bytes("1099511627776") == memory::kMaxEnvironmentBytes);
 }
 
 TEST_CASE("device terms: segments of the model states and workspaces, fragmentation allowance") {

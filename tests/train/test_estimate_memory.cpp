@@ -137,6 +137,26 @@ CATCH_TEST_CASE("estimate-memory: bad targets are usage errors naming the flag")
   CATCH_CHECK(check.output.find("--check needs a target") != std::string::npos);
   const auto torch = run_vlmtrain("estimate-memory --gpu H100-80GB --torch latest");
   CATCH_CHECK(torch.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  const auto zero = run_vlmtrain("estimate-memory --gpu H100-80GB --torch 0.0");
+  CATCH_CHECK(zero.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(zero.output.find("--torch 0.0: no LibTorch has this version") != std::string::npos);
+  // Given but empty is no target left out: an error naming the flag.
+  for (const char* flag : {"--gpu", "--budget"}) {
+    const auto empty = run_vlmtrain(std::string("estimate-memory ") + flag + " ''");
+    CATCH_INFO(empty.output);
+    CATCH_CHECK(empty.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+    CATCH_CHECK(empty.output.find(flag) != std::string::npos);
+    CATCH_CHECK(empty.output.find("must not be empty") != std::string::npos);
+  }
+  // A --budget that is neither a size nor a GPU says so, instead of asking for --budget.
+  for (const char* budget : {"garbage", "-1", "NaN", "1e30"}) {
+    const auto bad = run_vlmtrain(std::string("estimate-memory --budget=") + budget);
+    CATCH_INFO(bad.output);
+    CATCH_CHECK(bad.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+    CATCH_CHECK(bad.output.find(std::string("--budget '") + budget + "': neither a memory size") !=
+                std::string::npos);
+    CATCH_CHECK(bad.output.find("instead") == std::string::npos);
+  }
   // LibTorch 2.x is named as outside the memory model, with the model states still reported.
   const auto two = run_vlmtrain("--log-level off estimate-memory --json --gpu H100-80GB --torch 2.4");
   CATCH_REQUIRE(two.exit_code == 0);

@@ -148,6 +148,17 @@ CATCH_TEST_CASE("an OOM inside the optimizer update stops the run with the OOM c
   CATCH_CHECK(records(out.path(), "step").size() == 6);
 }
 
+CATCH_TEST_CASE("a device the model states alone exceed stops the run before the model is built") {
+  // 1 MiB: less than the tiny model's parameters, which building the model would allocate.
+  TempDir out;
+  const auto r = run_vlmtrain(run_args(out.path(), "--set memory.simulate_device_bytes=1MiB"));
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kOutOfMemory));
+  CATCH_CHECK(r.output.find("the model states alone") != std::string::npos);
+  CATCH_CHECK(r.output.find("memory.simulate_device_bytes") != std::string::npos);
+  CATCH_CHECK(r.output.find("Exception raised from") == std::string::npos);  // no stack trace
+}
+
 CATCH_TEST_CASE("out of memory with a single sample ends the run with its own exit code") {
   TempDir out;
   // The planner believes the device is large (memory.device_memory): the allocator's 30 MiB

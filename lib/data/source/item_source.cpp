@@ -145,6 +145,19 @@ void DatasetSource::restore(const nlohmann::json& state) {
 LengthSource::LengthSource(const std::string& path)
     : path_(path), reader_(std::make_unique<LengthStreamReader>(path)) {}
 
+std::optional<PackItem> LengthSource::next() {
+  std::optional<PackItem> item = reader_->next();
+  if (item) {
+    any_ = true;
+  } else if (!any_) {
+    throw DataError(
+        "no sample in the length stream (one JSON object per line, e.g. "
+        "{\"tokens\": 977, \"images\": 1, \"crops\": 13, \"supervised\": 52})",
+        SourceLocation{path_});
+  }
+  return item;
+}
+
 nlohmann::json LengthSource::state(const std::vector<uint64_t>&) const {
   return {{"path", path_}, {"line", reader_->line()}};
 }
@@ -154,6 +167,7 @@ void LengthSource::restore(const nlohmann::json& state) {
   const int64_t line = state.at("line").get<int64_t>();
   while (reader_->line() < line && reader_->next()) {
   }
+  any_ = line > 0;
 }
 
 }  // namespace vlm::data

@@ -95,7 +95,8 @@ class DatasetSource : public ItemSource {
 class LengthSource : public ItemSource {
  public:
   explicit LengthSource(const std::string& path);
-  std::optional<PackItem> next() override { return reader_->next(); }
+  // DataError when the stream holds no sample at all (an empty file plans nothing).
+  std::optional<PackItem> next() override;
   void release(uint64_t) override {}
   std::shared_ptr<const BuiltSample> sample(uint64_t) const override { return nullptr; }
   const SkipCounter* skips() const override { return nullptr; }
@@ -105,6 +106,7 @@ class LengthSource : public ItemSource {
  private:
   std::string path_;
   std::unique_ptr<LengthStreamReader> reader_;
+  bool any_ = false;  // a sample was read
 };
 
 }  // namespace vlm::data

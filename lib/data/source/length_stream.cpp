@@ -68,6 +68,17 @@ PackItem parse_length_line(std::string_view text, uint64_t sample_id, const std:
                         std::to_string(item.tokens) + ")",
                     where);
   }
+  // Every image has a crop at least, every crop a token at least among the sample's tokens.
+  if (item.crops < item.images || (item.images == 0 && item.crops > 0)) {
+    throw DataError(std::to_string(item.crops) + " crops for " + std::to_string(item.images) +
+                        " images: every image has at least one crop, and crops need an image",
+                    where);
+  }
+  if (item.crops > item.tokens) {
+    throw DataError(std::to_string(item.crops) + " crops in " + std::to_string(item.tokens) +
+                        " tokens: every crop takes image tokens among the sample's tokens",
+                    where);
+  }
   return item;
 }
 

@@ -271,6 +271,13 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
       fail(path, "no \"model\" object: this is not a tokenizer.json");
     }
     const json& model_json = root["model"];
+    // Without "type" (or with null) HF's tokenizers tries each model in turn (BPE when there
+    // are merges); a "type" that is neither a string nor null is refused there, as here.
+    if (model_json.contains("type") && !model_json["type"].is_string() &&
+        !model_json["type"].is_null()) {
+      fail(path, "model.type is " + model_json["type"].dump().substr(0, 80) +
+                     ": it must be a string (only \"BPE\" is supported)");
+    }
     const std::string model_type = type_of(model_json);
     if (model_type != "BPE" && !(model_type.empty() && model_json.contains("merges"))) {
       fail(path, "model type \"" + model_type + "\" is not supported (only BPE)");

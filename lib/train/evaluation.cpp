@@ -4,6 +4,7 @@
 #include <cctype>
 #include <chrono>
 #include <limits>
+#include <optional>
 
 #include "core/strings.h"
 #include "data/batch/loader.h"
@@ -91,11 +92,15 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
   const int32_t im_end = setup.tokenizer().token_id("<|im_end|>").value_or(-1);
   std::vector<Question> questions;
   torch::Tensor loss_total;  // summed on the device: one host read at the end
+  bool stopped = false;
+  const auto stop = [&] { return stopped = stopped || (options.stop && options.stop()); };
   {
     data::Loader loader(validation, loader_options);
-    while (auto step = loader.next()) {
+    while (!stop()) {
+      std::optional<data::LoadedStep> step = loader.next();
+      if (!step) break;
       for (const data::HostBatch& host : step->batches) {
-        if (host.rows == 0) continue;
+        if (host.rows == 0 || stop()) continue;
         result.samples += host.samples;
         model::VlmBatch batch = model::to_tensors(host, device);
         AutocastScope autocast(options.precision, device);
@@ -119,6 +124,7 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
     const Question& q = questions[i];
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (stop()) break;
     if (options.time_limit_s > 0 && elapsed > options.time_limit_s) {
       cut = static_cast<int64_t>(questions.size() - i);
       break;
@@ -145,15 +151,16 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
   }
   const double loss_sum = loss_total.defined() ? loss_total.item<double>() : 0.0;
   const std::vector<double> totals = comm.all_reduce_sum(
-      {loss_sum, static_cast<double>(result.supervised_tokens),
-       static_cast<double>(result.samples), static_cast<double>(answered),
-       static_cast<double>(correct), static_cast<double>(cut)});
+      {loss_sum, static_cast<double>(result.supervised_tokens), static_cast<double>(result.samples),
+       static_cast<double>(answered), static_cast<double>(correct), static_cast<double>(cut),
+       stopped ? 1.0 : 0.0});
   result.supervised_tokens = static_cast<int64_t>(totals[1]);
   result.samples = static_cast<int64_t>(totals[2]);
   result.loss = result.supervised_tokens ? totals[0] / totals[1] : 0.0;
   result.answered = static_cast<int64_t>(totals[3]);
   result.correct = static_cast<int64_t>(totals[4]);
   result.unanswered_for_time = static_cast<int64_t>(totals[5]);
+  result.interrupted = totals[6] > 0;
   model->train();
   return result;
 }

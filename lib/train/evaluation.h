@@ -3,6 +3,7 @@
 // accuracy against the dataset's answers.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct EvalResult {
   int64_t answered = 0;                   // questions answered by generation
   int64_t correct = 0;                    // exact matches (trimmed, case-insensitive)
   int64_t unanswered_for_time = 0;        // questions left when a rank hit the time limit
+  bool interrupted = false;               // some rank was asked to stop: the figures are partial
   std::vector<GeneratedAnswer> examples;  // this rank's first few, for the log
 
   double accuracy() const { return answered ? static_cast<double>(correct) / answered : 0.0; }
@@ -38,6 +40,9 @@ struct EvalOptions {
   Precision precision = Precision::kFp32;
   int64_t examples = 3;
   double time_limit_s = 0;  // a rank starts no new answer after this long; 0 = no limit
+  // Polled before each validation batch and each answer: true ends this rank's share there
+  // (a stop signal). The ranks still meet at the one reduction at the end, whatever each did.
+  std::function<bool()> stop;
 };
 
 // Every rank evaluates its share of the validation pipeline (the same plan everywhere) and

@@ -26,8 +26,9 @@ std::string accepted_kinds() {
 }  // namespace
 
 const std::vector<std::string>& FaultInjector::kinds() {
-  static const std::vector<std::string> kinds = {"oom_forward", "oom_backward", "oom_optimizer",
-                                                 "oom_optimizer_update", "nan_loss"};
+  static const std::vector<std::string> kinds = {"oom_forward",   "oom_backward",
+                                                 "oom_optimizer", "oom_optimizer_update",
+                                                 "nan_loss",      "sigterm_eval"};
   return kinds;
 }
 

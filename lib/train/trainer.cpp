@@ -136,15 +136,23 @@ ExitCode Trainer::run() {
     };
   }
   data::Loader loader(*pipeline_, loader_options);
+  const auto stopped_by_signal = [&] {
+    metrics_->write_event(state_.step, "stopped_by_signal", {{"signal", runtime::stop_signal()}});
+    return ExitCode::kStoppedBySignal;
+  };
   while (state_.step < config_.train.max_steps) {
     if (comm_->any_rank_flagged(runtime::stop_requested())) {
       spdlog::warn("stop requested (signal {}): saving a checkpoint at step {}",
                    runtime::stop_signal(), state_.step);
       save_checkpoint();
-      metrics_->write_event(state_.step, "stopped_by_signal", {{"signal", runtime::stop_signal()}});
-      return ExitCode::kStoppedBySignal;
+      return stopped_by_signal();
     }
-    std::optional<data::LoadedStep> step = loader.next();
+    // One rank alone stops while it waits for data; several ranks agree between steps only,
+    // since each must run the same collectives (docs/limits.md, "Stop signals").
+    std::optional<data::LoadedStep> step =
+        loader.next(comm_->is_distributed() ? std::function<bool()>()
+                                            : std::function<bool()>(runtime::stop_requested));
+    if (!step && loader.interrupted()) continue;  // the check above saves and stops
     if (!step) break;
     StepMetrics m;
     instruments_->begin_step(state_.step + 1);
@@ -175,7 +183,9 @@ ExitCode Trainer::run() {
     }
   }
   save_checkpoint();
-  run_evaluation(true);
+  // Cut short by a stop signal, the final evaluation is what a requeued run does (its
+  // checkpoint is the last step's: nothing to train again).
+  if (!run_evaluation(true)) return stopped_by_signal();
   const double seconds = ms_since(run_start) / 1000.0;
   metrics_->write_summary(state_.step, {{"seconds", seconds},
                                         {"steps_this_run", state_.step - first_step},

@@ -76,7 +76,8 @@ class Trainer {
   void cap_cuda_allocator(int64_t outside_bytes);
   void optimizer_update(StepMetrics& m);
   void save_checkpoint();
-  void run_evaluation(bool final);
+  // false when a stop signal cut it short (nothing written)
+  bool run_evaluation(bool final);
   TrainerState trainer_state() const;
   // The summary's "memory_budget": null without a budget.
   nlohmann::json budget_summary() const;

@@ -1,5 +1,8 @@
 // The trainer's setup (device, model, optimizer, data, memory budget), checkpoints, resume and
 // evaluation (trainer_impl.h).
+#include <csignal>
+
+#include "runtime/signals.h"
 #include "train/trainer_impl.h"
 
 namespace vlm::train::detail {
@@ -161,9 +164,9 @@ void Trainer::resume_if_possible() {
 
 // --- evaluation -----------------------------------------------------------------------------
 
-void Trainer::run_evaluation(bool final) {
+bool Trainer::run_evaluation(bool final) {
   auto validation = data_->validation_pipeline();
-  if (!validation) return;
+  if (!validation) return true;
   progress_->end_line();
   EvalOptions options;
   options.generate = final ? -1 : config_.train.eval_generate;
@@ -171,8 +174,17 @@ void Trainer::run_evaluation(bool final) {
   options.precision = precision_;
   // Generation ends on every rank well before a collective could time out on the slowest.
   if (comm_->is_distributed()) options.time_limit_s = 0.5 * config_.distributed.timeout_s;
+  // A stop signal ends the evaluation within a batch or an answer; the caller then saves and
+  // exits as between steps. (VLMTRAIN_INJECT_FAULT=sigterm_eval@N raises one at step N's.)
+  if (faults_.fire("sigterm_eval", state_.step)) std::raise(SIGTERM);
+  options.stop = [] { return runtime::stop_requested(); };
   const auto start = Clock::now();
   const EvalResult r = evaluate(model_, *data_, *validation, *comm_, device_, options);
+  if (r.interrupted) {
+    spdlog::warn("eval at step {}: stopped by a signal after {:.1f} s; no eval record written",
+                 state_.step, ms_since(start) / 1000.0);
+    return false;
+  }
   std::map<std::string, double> values{
       {"loss", r.loss},
       {"supervised_tokens", static_cast<double>(r.supervised_tokens)},
@@ -197,6 +209,7 @@ void Trainer::run_evaluation(bool final) {
         "collective timeout ({} s, distributed.timeout_s)",
         state_.step, r.unanswered_for_time, options.time_limit_s);
   }
+  return true;
 }
 
 }  // namespace vlm::train::detail

@@ -239,6 +239,34 @@ CATCH_TEST_CASE("SIGTERM saves a checkpoint and exits with the requeue code") {
   CATCH_CHECK(fs::exists(last_checkpoint(out.path()) / "COMPLETE.json"));
 }
 
+CATCH_TEST_CASE("SIGTERM in an evaluation ends it, saves the step and resumes without losing it") {
+  // The evaluation after step 2 is sent SIGTERM as it starts (VLMTRAIN_INJECT_FAULT).
+  TempDir out;
+  const std::string extra =
+      "--set 'data.validation=[{path: " + (demo_dir() / "val.jsonl").string() +
+      "}]' --set train.eval_every=2 --set train.eval_generate=1000";
+  auto r =
+      vlm::test::run_with_env("VLMTRAIN_INJECT_FAULT=sigterm_eval@2 ", run_args(out.path(), extra));
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kStoppedBySignal));
+  CATCH_CHECK(r.output.find("eval at step 2: stopped by a signal") != std::string::npos);
+  CATCH_CHECK(last_checkpoint(out.path()).filename() == "step-00000002");
+  CATCH_CHECK(records(out.path(), "eval").empty());  // no partial figures recorded
+  CATCH_CHECK(records(out.path(), "step").size() == 2);
+  // The requeued run goes on from step 2 to the end; the evaluations it runs are whole (the
+  // one cut short is not redone: a lost evaluation costs no training).
+  r = run_vlmtrain(run_args(out.path(), extra));
+  CATCH_INFO(r.output);
+  CATCH_REQUIRE(r.exit_code == 0);
+  const auto steps = records(out.path(), "step");
+  CATCH_REQUIRE(steps.size() == 6);
+  CATCH_CHECK(steps.back()["step"] == 6);
+  const auto evals = records(out.path(), "eval");
+  CATCH_REQUIRE(evals.size() == 2);  // after step 4, and the final one
+  CATCH_CHECK(evals[0]["step"] == 4);
+  CATCH_CHECK(evals[1]["step"] == 6);
+}
+
 CATCH_TEST_CASE("a corrupt latest checkpoint is skipped and the previous one resumed") {
   TempDir out;
   require_ok(run_vlmtrain(run_args(

@@ -85,12 +85,19 @@ void Loader::produce() {
   changed_.notify_all();
 }
 
-std::optional<LoadedStep> Loader::next() {
+std::optional<LoadedStep> Loader::next(const std::function<bool()>& interrupted) {
   const auto start = std::chrono::steady_clock::now();
+  interrupted_ = false;
   Pending pending;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [this] { return !queue_.empty() || finished_; });
+    const auto ready = [this] { return !queue_.empty() || finished_; };
+    while (!changed_.wait_for(lock, std::chrono::milliseconds(50), ready)) {
+      if (interrupted && interrupted()) {
+        interrupted_ = true;
+        return std::nullopt;
+      }
+    }
     if (queue_.empty()) {
       if (error_) std::rethrow_exception(error_);
       return std::nullopt;

@@ -47,8 +47,12 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // The next step, or nullopt at the end of a finite stream.
-  std::optional<LoadedStep> next();
+  // The next step, or nullopt at the end of a finite stream, or nullopt as soon as
+  // `interrupted` (polled every 50 ms while it waits for the planner) returns true; then
+  // interrupted() says so. The planner's work in progress finishes before the loader's
+  // destructor returns.
+  std::optional<LoadedStep> next(const std::function<bool()>& interrupted = {});
+  bool interrupted() const { return interrupted_; }
 
   int64_t host_bytes() const { return host_bytes_.load(); }
   int64_t peak_host_bytes() const { return peak_host_bytes_.load(); }
@@ -63,6 +67,8 @@ class Loader {
 
   void produce();
   void account(int64_t delta_bytes);
+
+  bool interrupted_ = false;  // the last next() returned because `interrupted` said so
 
   PlanningPipeline& pipeline_;
   LoaderOptions options_;

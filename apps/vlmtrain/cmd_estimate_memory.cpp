@@ -17,6 +17,7 @@
 #include "estimate/report.h"
 #include "estimate/sampler.h"
 #include "runtime/torch_info.h"
+#include "train/precision.h"
 
 namespace vlm::app {
 namespace {
@@ -151,6 +152,9 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   report.torch = torch.str();
   report.targeted = target.has_value();
   const bool cuda = target ? target->device.cuda : true;  // no target: the catalog's GPUs
+  // A CPU target is held to what train would accept there.
+  train::require_precision_on(train::parse_precision(config.train.precision), cuda,
+                              loaded.where("train.precision"));
   report.worst = estimate::estimate_worst_case(config, cuda, args.ranks);
   if (const std::string why = estimate::unmodelled_torch(torch); !why.empty()) {
     report.worst.modelled = false;

@@ -11,6 +11,13 @@ Precision parse_precision(const std::string& name) {
   throw ConfigError("unknown precision '" + name + "' (fp32, bf16, fp16)");
 }
 
+void require_precision_on(Precision precision, bool cuda, const SourceLocation& where) {
+  if (precision == Precision::kFp16 && !cuda) {
+    throw ConfigError("train.precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU",
+                      where);
+  }
+}
+
 AutocastScope::AutocastScope(Precision precision, const torch::Device& device) {
   if (precision == Precision::kFp32) return;
   active_ = true;

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "core/error.h"
 #include "runtime/compat.h"
 
 namespace vlm::train {
@@ -16,6 +17,11 @@ namespace vlm::train {
 enum class Precision { kFp32, kBf16, kFp16 };
 
 Precision parse_precision(const std::string& name);  // "fp32", "bf16", "fp16"
+
+// fp16 trains on CUDA only (its loss scaler, LibTorch's CPU autocast); a ConfigError at `where`
+// (train.precision's place in the config) otherwise. train and estimate-memory both ask it,
+// so a config one refuses the other does not call a fit.
+void require_precision_on(Precision precision, bool cuda, const SourceLocation& where);
 
 // Enables autocast for `device` at the precision's dtype for its lifetime (nothing for fp32),
 // restoring the previous state and clearing autocast's weight cache on exit.

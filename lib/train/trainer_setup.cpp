@@ -36,10 +36,7 @@ void Trainer::check_attention_kernel() const {
 void Trainer::setup() {
   device_ = choose_device(config_.train.device, dist_.local_rank);
   precision_ = parse_precision(config_.train.precision);
-  if (precision_ == Precision::kFp16 && !device_.is_cuda()) {
-    throw ConfigError("train.precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU",
-                      loaded_.where("train.precision"));
-  }
+  require_precision_on(precision_, device_.is_cuda(), loaded_.where("train.precision"));
   const int threads = runtime::configure_threads(static_cast<int>(config_.train.threads));
   memory_ =
       std::make_unique<MemoryPredictor>(config_, threads, device_target(device_, dist_.world_size));

@@ -148,6 +148,15 @@ CATCH_TEST_CASE("estimate-memory: bad targets are usage errors naming the flag")
     CATCH_CHECK(empty.output.find(flag) != std::string::npos);
     CATCH_CHECK(empty.output.find("must not be empty") != std::string::npos);
   }
+  // fp16 on a CPU target is refused as train refuses it (a GPU target takes it).
+  const auto fp16_cpu = run_vlmtrain(
+      "estimate-memory --budget 64GiB --set train.device=cpu --set train.precision=fp16");
+  CATCH_CHECK(fp16_cpu.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(fp16_cpu.output.find("train.precision fp16 needs a CUDA device") !=
+              std::string::npos);
+  CATCH_CHECK(run_vlmtrain("--log-level off estimate-memory --gpu H100-80GB --set "
+                           "train.precision=fp16")
+                  .exit_code == 0);
   // A --budget that is neither a size nor a GPU says so, instead of asking for --budget.
   for (const char* budget : {"garbage", "-1", "NaN", "1e30"}) {
     const auto bad = run_vlmtrain(std::string("estimate-memory --budget=") + budget);

@@ -9,6 +9,7 @@
 #include "core/memory_records.h"
 #include "core/strings.h"
 #include "core/units.h"
+#include "core/utc_time.h"
 #include "memory/calibration.h"
 
 namespace vlm::app {
@@ -20,15 +21,6 @@ struct CalibrateArgs {
   std::string run_dir;
   std::string out;
 };
-
-std::string today_utc() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[16];
-  std::strftime(text, sizeof text, "%Y-%m-%d", &tm);
-  return text;
-}
 
 std::string bytes_text(int64_t bytes) {
   return std::to_string(bytes) + " bytes (" + format_bytes(bytes) + ")";
@@ -71,7 +63,8 @@ int run_calibrate_memory(const CalibrateArgs& args) {
     throw UsageError("--run " + args.run_dir + ": no metrics.jsonl in it (a run's output.dir)");
   }
   const MemoryRecords records = read_memory_records(metrics);
-  const memory::CalibrationFit fit = memory::fit_calibration(records, args.run_dir, today_utc());
+  const memory::CalibrationFit fit =
+      memory::fit_calibration(records, args.run_dir, utc_now("%Y-%m-%d"));
   print_fit(fit, records);
   if (args.out.empty()) {
     std::cout << "(no --out: nothing written)\n";

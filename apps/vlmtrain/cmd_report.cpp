@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/utc_time.h"
 #include "report/html_report.h"
 #include "report/run_data.h"
 #include "report/text_report.h"
@@ -24,15 +25,6 @@ struct ReportArgs {
   std::string out;
   bool text = false;
 };
-
-std::string now_utc() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &tm);
-  return text;
-}
 
 // Written beside its place and renamed over it: a reader never sees half a page.
 void write_page(const fs::path& path, const std::string& html) {
@@ -69,7 +61,7 @@ int run_report(const ReportArgs& args, const GlobalOptions& global) {
   const fs::path out = !args.out.empty()           ? fs::path(args.out)
                        : args.run_dirs.size() == 1 ? fs::path(args.run_dirs[0]) / "report.html"
                                                    : fs::path("report.html");
-  write_page(out, report::html_report(runs, now_utc()));
+  write_page(out, report::html_report(runs, utc_now("%Y-%m-%d %H:%M UTC")));
   int64_t steps = 0;
   for (const auto& run : runs) steps += static_cast<int64_t>(run.steps.size());
   std::cout << "report: " << out.string() << " (" << runs.size() << " run"

@@ -12,6 +12,7 @@
 
 #include "core/build_version.h"
 #include "core/error.h"
+#include "core/utc_time.h"
 
 namespace vlm {
 namespace {
@@ -19,13 +20,9 @@ namespace {
 std::string holder_line() {
   std::string host = host_name();
   if (host.empty()) host = "?";
-  char when[32] = {};
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
   std::ostringstream line;
-  line << "pid " << getpid() << " on host " << host << ", started " << when << "\n";
+  line << "pid " << getpid() << " on host " << host << ", started " << utc_now("%Y-%m-%dT%H:%M:%SZ")
+       << "\n";
   return line.str();
 }
 

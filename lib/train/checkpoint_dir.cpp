@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/json_depth.h"
+#include "core/utc_time.h"
 #include "train/crc32.h"
 
 namespace vlm::train {
@@ -43,15 +44,6 @@ void fsync_path(const fs::path& path, bool directory) {
   const int err = errno;
   ::close(fd);
   if (rc != 0) throw_io("fsync", path, err);
-}
-
-std::string utc_now_iso8601() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
 }
 
 bool all_digits(const std::string& s) {
@@ -303,7 +295,7 @@ fs::path CheckpointWriter::commit() {
   for (const auto& dir : dirs) fsync_path(dir, true);
   const json marker = {{"step", *step_},
                        {"files", files},
-                       {"created", utc_now_iso8601()},
+                       {"created", utc_now("%Y-%m-%dT%H:%M:%SZ")},
                        {"config_hash", config_hash_}};
   write_file_synced(tmp_dir_ / kCheckpointMarker, marker.dump(2) + "\n");
   fsync_path(tmp_dir_, true);

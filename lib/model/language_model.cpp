@@ -27,6 +27,25 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 }  // namespace
 
+std::vector<torch::Tensor> project(const torch::Tensor& x,
+                                   const std::vector<torch::Tensor>& weights, bool together) {
+  if (!together || weights.size() < 2) {
+    std::vector<torch::Tensor> outputs;
+    outputs.reserve(weights.size());
+    for (const torch::Tensor& weight : weights) {
+      outputs.push_back(torch::nn::functional::linear(x, weight));  // what Linear::forward runs
+    }
+    return outputs;
+  }
+  std::vector<int64_t> widths;
+  widths.reserve(weights.size());
+  for (const torch::Tensor& weight : weights) widths.push_back(weight.size(0));
+  // Under autocast: one cast of x and one of the concatenated weights instead of one each per
+  // projection; in the backward one GEMM pair and one gradient of x instead of one per
+  // projection summed.
+  return torch::nn::functional::linear(x, torch::cat(weights, 0)).split_with_sizes(widths, -1);
+}
+
 RMSNormImpl::RMSNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({hidden_size}));
 }
@@ -84,9 +103,10 @@ torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward(const torch::Tenso
   const auto heads = [&](const torch::Tensor& t, int64_t count) {
     return t.view({batch, tokens, count, head_dim_}).transpose(1, 2);
   };
-  const torch::Tensor q = apply_rotary(heads(q_proj->forward(x), num_heads_), cos, sin);
-  const torch::Tensor k = apply_rotary(heads(k_proj->forward(x), num_kv_heads_), cos, sin);
-  const torch::Tensor v = heads(v_proj->forward(x), num_kv_heads_);
+  const auto qkv = project(x, {q_proj->weight, k_proj->weight, v_proj->weight}, x.is_cuda());
+  const torch::Tensor q = apply_rotary(heads(qkv[0], num_heads_), cos, sin);
+  const torch::Tensor k = apply_rotary(heads(qkv[1], num_kv_heads_), cos, sin);
+  const torch::Tensor v = heads(qkv[2], num_kv_heads_);
   const torch::Tensor attended = multi_head_attention(q, k, v, allowed, attention);
   return out_proj->forward(
       attended.transpose(1, 2).contiguous().view({batch, tokens, num_heads_ * head_dim_}));
@@ -100,9 +120,10 @@ torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward_cached(const torch
   const auto heads = [&](const torch::Tensor& t, int64_t count) {
     return t.view({1, tokens, count, head_dim_}).transpose(1, 2);
   };
-  const torch::Tensor q = apply_rotary(heads(q_proj->forward(x), num_heads_), cos, sin);
-  const torch::Tensor k = apply_rotary(heads(k_proj->forward(x), num_kv_heads_), cos, sin);
-  const torch::Tensor v = heads(v_proj->forward(x), num_kv_heads_);
+  const auto qkv = project(x, {q_proj->weight, k_proj->weight, v_proj->weight}, x.is_cuda());
+  const torch::Tensor q = apply_rotary(heads(qkv[0], num_heads_), cos, sin);
+  const torch::Tensor k = apply_rotary(heads(qkv[1], num_kv_heads_), cos, sin);
+  const torch::Tensor v = heads(qkv[2], num_kv_heads_);
   cache.keys = cache.keys.defined() ? torch::cat({cache.keys, k}, 2) : k;
   cache.values = cache.values.defined() ? torch::cat({cache.values, v}, 2) : v;
   const int64_t groups = num_heads_ / num_kv_heads_;
@@ -132,7 +153,8 @@ LanguageModelMLPImpl::LanguageModelMLPImpl(const spec::LanguageSpec& spec) {
 }
 
 torch::Tensor LanguageModelMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const auto gate_up = project(x, {gate_proj->weight, up_proj->weight}, x.is_cuda());
+  return down_proj->forward(torch::silu(gate_up[0]) * gate_up[1]);
 }
 
 LanguageModelBlockImpl::LanguageModelBlockImpl(const spec::LanguageSpec& spec) {

@@ -68,6 +68,15 @@ struct KvCache {
   int64_t length = 0;
 };
 
+// Linear maps without bias that read the same input x [..., d], each weight [out_i, d] ->
+// their outputs [..., out_i]. `together`: as one GEMM over the weights concatenated, split after
+// (views of one output); otherwise one linear each. Same values up to the GEMM's summation
+// order. The decoder runs its q, k, v and its MLP's gate, up together on CUDA (fewer launches:
+// docs/memory.md, "The decoder's varlen attention...") and apart on the CPU, which the memory
+// model replays.
+std::vector<torch::Tensor> project(const torch::Tensor& x,
+                                   const std::vector<torch::Tensor>& weights, bool together);
+
 class LanguageModelGroupedQueryAttentionImpl : public torch::nn::Module {
  public:
   explicit LanguageModelGroupedQueryAttentionImpl(const spec::LanguageSpec& spec);

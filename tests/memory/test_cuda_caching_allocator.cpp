@@ -122,7 +122,7 @@ TEST_CASE("a malformed memory trace is refused with its line", "[cuda_allocator]
 TEST_CASE("every recorded GPU trace replays on the allocator model, choice for choice",
           "[cuda_allocator]") {
   const auto traces = recorded_traces();
-  REQUIRE(traces.size() >= 20);
+  REQUIRE(traces.size() >= 43);
   int replayed = 0;
   for (const fs::path& file : traces) {
     CAPTURE(file.string());
@@ -162,5 +162,5 @@ TEST_CASE("every recorded GPU trace replays on the allocator model, choice for c
       CHECK(std::abs(reserved_error) <= 0.03);
     }
   }
-  CHECK(replayed >= 6);
+  CHECK(replayed >= 26);  // H200: record-2, varlen-1; H100: the 2026-11-28 recordings
 }

@@ -55,10 +55,13 @@ VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device) {
                                          torch::kInt64),
                         device, torch::kInt64);
   }
-  if (host.num_crops > 0 && !host.crops.empty()) {
-    const auto* staged = static_cast<const torch::Tensor*>(host.staged_crops.get());
-    b.crops = staged && device.is_cuda() ? staged->to(device, /*non_blocking=*/true)
-                                         : to_device(crops_view(host), device, torch::kFloat32);
+  if (host.num_crops > 0 && host.staged_crops) {  // pinned_crop_buffers' (or a test's) tensor
+    const torch::Tensor crops = static_cast<const torch::Tensor*>(host.staged_crops.get())
+                                    ->view({host.num_crops, 3, host.crop_size, host.crop_size});
+    b.crops = device.is_cuda() && crops.is_pinned() ? crops.to(device, /*non_blocking=*/true)
+                                                    : to_device(crops, device, torch::kFloat32);
+  } else if (host.num_crops > 0 && !host.crops.empty()) {
+    b.crops = to_device(crops_view(host), device, torch::kFloat32);
   }
   return b;
 }
@@ -72,11 +75,15 @@ std::vector<int64_t> supervised_positions(const data::HostBatch& host) {
   return positions;
 }
 
-void stage_crops(data::HostBatch& host, const torch::Device& device) {
-  if (!device.is_cuda() || host.num_crops == 0 || host.crops.empty()) return;
-  // The caching host allocator keeps the pinned block until the tensor and the copy from it
-  // are done with it, on whichever thread frees it.
-  host.staged_crops = std::make_shared<const torch::Tensor>(crops_view(host).pin_memory());
+std::function<data::CropBuffer(size_t floats)> pinned_crop_buffers() {
+  return [](size_t floats) {
+    // The caching host allocator keeps the pinned block until the tensor and the copy from it
+    // are done with it, on whichever thread frees it.
+    auto tensor = std::make_shared<const torch::Tensor>(
+        torch::empty({static_cast<int64_t>(floats)},
+                     torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true)));
+    return data::CropBuffer{tensor->data_ptr<float>(), tensor};
+  };
 }
 
 }  // namespace vlm::model

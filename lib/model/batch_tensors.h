@@ -17,10 +17,12 @@ VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device);
 // The flat positions of host.labels != -100, ascending: what the loss gathers.
 std::vector<int64_t> supervised_positions(const data::HostBatch& host);
 
-// For a CUDA `device`: copies the batch's crops into pinned memory now (on a loader worker,
-// LoaderOptions::stage), so that to_tensors starts their copy to the GPU at once instead of
-// staging hundreds of megabytes on the training thread while the GPU waits. A no-op for other
-// devices and batches without crops.
-void stage_crops(data::HostBatch& host, const torch::Device& device);
+// CollateOptions::crop_buffer for CUDA: the loader's workers write a batch's crops straight into
+// pinned memory, so that to_tensors starts their copy to the GPU at once. The caching host
+// allocator keeps the buffers for the next batches: no step maps, faults in or unmaps hundreds
+// of megabytes of pageable memory (a 460M row: 189 MB), whose unmapping stalled the training
+// thread 12-17 ms a step, on whichever thread it ran (docs/BENCHMARKS.md). The owner handed to
+// HostBatch::staged_crops is a torch::Tensor of `floats` floats; to_tensors reads it.
+std::function<data::CropBuffer(size_t floats)> pinned_crop_buffers();
 
 }  // namespace vlm::model

@@ -27,16 +27,8 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 }  // namespace
 
-std::vector<torch::Tensor> project(const torch::Tensor& x,
-                                   const std::vector<torch::Tensor>& weights, bool together) {
-  if (!together || weights.size() < 2) {
-    std::vector<torch::Tensor> outputs;
-    outputs.reserve(weights.size());
-    for (const torch::Tensor& weight : weights) {
-      outputs.push_back(torch::nn::functional::linear(x, weight));  // what Linear::forward runs
-    }
-    return outputs;
-  }
+std::vector<torch::Tensor> project_together(const torch::Tensor& x,
+                                            const std::vector<torch::Tensor>& weights) {
   std::vector<int64_t> widths;
   widths.reserve(weights.size());
   for (const torch::Tensor& weight : weights) widths.push_back(weight.size(0));
@@ -94,19 +86,32 @@ LanguageModelGroupedQueryAttentionImpl::LanguageModelGroupedQueryAttentionImpl(
   out_proj = register_module("out_proj", init_linear(d, d));
 }
 
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>
+LanguageModelGroupedQueryAttentionImpl::project_qkv(const torch::Tensor& x,
+                                                    const torch::Tensor& cos,
+                                                    const torch::Tensor& sin) {
+  const int64_t batch = x.size(0), tokens = x.size(1);
+  const auto heads = [&](const torch::Tensor& t, int64_t count) {  // [B, T, n * D] -> [B, n, T, D]
+    return t.view({batch, tokens, count, head_dim_}).transpose(1, 2);
+  };
+  if (x.is_cuda()) {  // one GEMM (project_together): views of one output, alive while v is
+    const auto qkv = project_together(x, {q_proj->weight, k_proj->weight, v_proj->weight});
+    return {apply_rotary(heads(qkv[0], num_heads_), cos, sin),
+            apply_rotary(heads(qkv[1], num_kv_heads_), cos, sin), heads(qkv[2], num_kv_heads_)};
+  }
+  // One linear each, each output freed once used: what the memory model replays on the CPU.
+  torch::Tensor q = apply_rotary(heads(q_proj->forward(x), num_heads_), cos, sin);
+  torch::Tensor k = apply_rotary(heads(k_proj->forward(x), num_kv_heads_), cos, sin);
+  return {std::move(q), std::move(k), heads(v_proj->forward(x), num_kv_heads_)};
+}
+
 torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward(const torch::Tensor& x,
                                                               const torch::Tensor& cos,
                                                               const torch::Tensor& sin,
                                                               const torch::Tensor& allowed,
                                                               AttentionChoice attention) {
   const int64_t batch = x.size(0), tokens = x.size(1);
-  const auto heads = [&](const torch::Tensor& t, int64_t count) {
-    return t.view({batch, tokens, count, head_dim_}).transpose(1, 2);
-  };
-  const auto qkv = project(x, {q_proj->weight, k_proj->weight, v_proj->weight}, x.is_cuda());
-  const torch::Tensor q = apply_rotary(heads(qkv[0], num_heads_), cos, sin);
-  const torch::Tensor k = apply_rotary(heads(qkv[1], num_kv_heads_), cos, sin);
-  const torch::Tensor v = heads(qkv[2], num_kv_heads_);
+  const auto [q, k, v] = project_qkv(x, cos, sin);
   const torch::Tensor attended = multi_head_attention(q, k, v, allowed, attention);
   return out_proj->forward(
       attended.transpose(1, 2).contiguous().view({batch, tokens, num_heads_ * head_dim_}));
@@ -117,13 +122,7 @@ torch::Tensor LanguageModelGroupedQueryAttentionImpl::forward_cached(const torch
                                                                      const torch::Tensor& sin,
                                                                      KvCacheLayer& cache) {
   const int64_t tokens = x.size(1);
-  const auto heads = [&](const torch::Tensor& t, int64_t count) {
-    return t.view({1, tokens, count, head_dim_}).transpose(1, 2);
-  };
-  const auto qkv = project(x, {q_proj->weight, k_proj->weight, v_proj->weight}, x.is_cuda());
-  const torch::Tensor q = apply_rotary(heads(qkv[0], num_heads_), cos, sin);
-  const torch::Tensor k = apply_rotary(heads(qkv[1], num_kv_heads_), cos, sin);
-  const torch::Tensor v = heads(qkv[2], num_kv_heads_);
+  const auto [q, k, v] = project_qkv(x, cos, sin);
   cache.keys = cache.keys.defined() ? torch::cat({cache.keys, k}, 2) : k;
   cache.values = cache.values.defined() ? torch::cat({cache.values, v}, 2) : v;
   const int64_t groups = num_heads_ / num_kv_heads_;
@@ -153,8 +152,11 @@ LanguageModelMLPImpl::LanguageModelMLPImpl(const spec::LanguageSpec& spec) {
 }
 
 torch::Tensor LanguageModelMLPImpl::forward(const torch::Tensor& x) {
-  const auto gate_up = project(x, {gate_proj->weight, up_proj->weight}, x.is_cuda());
-  return down_proj->forward(torch::silu(gate_up[0]) * gate_up[1]);
+  if (x.is_cuda()) {  // one GEMM (project_together)
+    const auto gate_up = project_together(x, {gate_proj->weight, up_proj->weight});
+    return down_proj->forward(torch::silu(gate_up[0]) * gate_up[1]);
+  }
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
 LanguageModelBlockImpl::LanguageModelBlockImpl(const spec::LanguageSpec& spec) {

@@ -15,6 +15,7 @@
 
 #include <torch/nn.h>
 
+#include <tuple>
 #include <vector>
 
 #include "model/packed_attention.h"
@@ -69,13 +70,13 @@ struct KvCache {
 };
 
 // Linear maps without bias that read the same input x [..., d], each weight [out_i, d] ->
-// their outputs [..., out_i]. `together`: as one GEMM over the weights concatenated, split after
-// (views of one output); otherwise one linear each. Same values up to the GEMM's summation
-// order. The decoder runs its q, k, v and its MLP's gate, up together on CUDA (fewer launches:
-// docs/memory.md, "The decoder's varlen attention...") and apart on the CPU, which the memory
-// model replays.
-std::vector<torch::Tensor> project(const torch::Tensor& x,
-                                   const std::vector<torch::Tensor>& weights, bool together);
+// their outputs [..., out_i], as one GEMM over the weights concatenated, split after (views of
+// one output): the values of one linear each up to the GEMM's summation order. The decoder
+// projects its q, k, v and its MLP's gate, up so on CUDA (fewer launches; what it allocates:
+// docs/memory.md, "The decoder's varlen attention...") and with one linear each on the CPU,
+// which the memory model replays.
+std::vector<torch::Tensor> project_together(const torch::Tensor& x,
+                                            const std::vector<torch::Tensor>& weights);
 
 class LanguageModelGroupedQueryAttentionImpl : public torch::nn::Module {
  public:
@@ -90,6 +91,11 @@ class LanguageModelGroupedQueryAttentionImpl : public torch::nn::Module {
                                const torch::Tensor& sin, KvCacheLayer& cache);
 
  private:
+  // x [B, T, d] -> q and k with the rotary embedding applied, and v, each [B, n, T, D].
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> project_qkv(const torch::Tensor& x,
+                                                                      const torch::Tensor& cos,
+                                                                      const torch::Tensor& sin);
+
   int64_t num_heads_, num_kv_heads_, head_dim_;
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
 };

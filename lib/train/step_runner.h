@@ -76,10 +76,10 @@ class StepRunner {
 
   StepRunnerContext c_;
   runtime::PhaseTimer timer_;  // forward and backward times (CUDA: events, runtime/phase_timer.h)
-  // A step's host batches hold its crops twice on CUDA (collated and pinned: 2 x 189 MB for one
-  // 460M row of 60 crops). Giving that memory back to the system took the training thread
-  // 12-17 ms after each step's last backward, with the GPU idle (docs/BENCHMARKS.md); this
-  // thread does it while the next step runs. At most one step's batches wait: bounded memory.
+  // A step's host batches are freed on this thread while the next step runs (at most one
+  // step's wait: bounded memory), off the training thread. On CUDA their crops are pinned
+  // blocks the host allocator keeps (model::pinned_crop_buffers); elsewhere their collated
+  // crops (a 460M row: 189 MB) go back to the system here.
   ThreadPool releaser_{1};
   std::future<void> released_;
 };

@@ -117,10 +117,13 @@ ExitCode Trainer::run() {
   progress_ = std::make_unique<ProgressOutput>(stderr_is_terminal() && comm_->rank() == 0,
                                                config_.train.max_steps, config_.log.every_steps,
                                                first_step);
+  // CUDA: the loader's workers write the crops straight into pinned memory, and so does a
+  // split after an OOM (model::pinned_crop_buffers).
+  data::LoaderOptions loader_options = data_->loader_options(comm_->rank());
+  if (device_.is_cuda()) loader_options.collate.crop_buffer = model::pinned_crop_buffers();
   runner_ = std::make_unique<StepRunner>(
       StepRunnerContext{model_, optimizer_.get(), comm_.get(), device_, precision_, scaler_.get(),
-                        &faults_, progress_.get(), data_->loader_options(dist_.rank).collate,
-                        budget_.get()});
+                        &faults_, progress_.get(), loader_options.collate, budget_.get()});
   instruments_ = std::make_unique<StepInstruments>(config_.output, run_dir_, device_, comm_->rank(),
                                                    first_step);
   if (first_step == 0 && config_.train.preflight) {
@@ -129,12 +132,6 @@ ExitCode Trainer::run() {
   }
 
   const auto run_start = Clock::now();
-  data::LoaderOptions loader_options = data_->loader_options(comm_->rank());
-  if (device_.is_cuda()) {  // crops pinned on the loader's workers, ahead of the GPU
-    loader_options.stage = [device = device_](data::HostBatch& b) {
-      model::stage_crops(b, device);
-    };
-  }
   data::Loader loader(*pipeline_, loader_options);
   const auto stopped_by_signal = [&] {
     metrics_->write_event(state_.step, "stopped_by_signal", {{"signal", runtime::stop_signal()}});

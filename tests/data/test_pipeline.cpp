@@ -2,6 +2,7 @@
 // host collation, worst-case analysis.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <limits>
 #include <map>
 #include <set>
@@ -296,6 +297,56 @@ TEST_CASE("the loader collates rows, crops and labels consistently") {
     CHECK(supervised == step->plan.supervised_tokens);
   }
   CHECK(loader.peak_host_bytes() > 0);
+}
+
+// CollateOptions::crop_buffer (the trainer's pinned memory on CUDA): the crops go to the given
+// memory, every float written, bitwise those of the default path; an image that no longer
+// decodes at collation leaves its crops zero there too, whatever the memory held.
+TEST_CASE("crops collated into a given buffer equal the default path's, every float written") {
+  DemoFixture fixture(40, {"train.batch_size=2"});
+  DataSetup setup(fixture.config, 1);
+  auto pipeline = setup.training_pipeline();
+  const auto planned = pipeline->next_step();
+  REQUIRE(planned);
+  const MicroBatch& micro = planned->plan.micro_batches.at(0).at(0);
+  std::vector<std::shared_ptr<const BuiltSample>> samples;
+  for (const Pack& pack : micro.packs) {
+    for (const PackItem& item : pack.items) samples.push_back(pipeline->sample(item.sample_id));
+  }
+  const CollateOptions plain = setup.loader_options(0).collate;
+  CollateOptions given = plain;
+  int calls = 0;
+  given.crop_buffer = [&calls](size_t floats) {
+    ++calls;  // memory full of NaN: a float the collator skips stays NaN
+    auto memory = std::make_shared<std::vector<float>>(floats,
+                                                       std::numeric_limits<float>::quiet_NaN());
+    return CropBuffer{memory->data(), memory};
+  };
+  const auto as_floats = [](const HostBatch& b) {
+    const float* data = static_cast<const std::vector<float>*>(b.staged_crops.get())->data();
+    return std::vector<float>(data, data + b.num_crops * 3 * b.crop_size * b.crop_size);
+  };
+
+  const HostBatch expected = collate_host_batch(micro, samples, plain);
+  REQUIRE(expected.num_crops > 0);
+  CHECK_FALSE(expected.staged_crops);
+  const HostBatch b = collate_host_batch(micro, samples, given);
+  CHECK(calls == 1);
+  CHECK(b.crops.empty());
+  REQUIRE(b.staged_crops);
+  const std::vector<float> crops = as_floats(b);
+  REQUIRE(crops.size() == expected.crops.size());
+  CHECK(std::memcmp(crops.data(), expected.crops.data(), crops.size() * sizeof(float)) == 0);
+  CHECK(host_batch_bytes(b) == host_batch_bytes(expected));  // the loader's account
+
+  // Every image unreadable now: blank (zero) crops, no loss, in the given memory as well.
+  for (const auto& sample : samples) {
+    for (const std::string& path : sample->image_paths) write_file(path, "not an image");
+  }
+  const HostBatch broken = collate_host_batch(micro, samples, given);
+  CHECK(broken.undecodable_images > 0);
+  CHECK(broken.supervised_tokens < expected.supervised_tokens);
+  for (const float v : as_floats(broken)) REQUIRE(v == 0.0f);
 }
 
 TEST_CASE("a missing or corrupt image skips its sample with a reason, the run goes on") {

@@ -63,3 +63,29 @@ CATCH_TEST_CASE(
   CATCH_CHECK_FALSE(b.supervised_positions.defined());
   CATCH_CHECK(b.labels.sizes() == torch::IntArrayRef({1, 4}));
 }
+
+CATCH_TEST_CASE("crops collated into a buffer of their own become the same crops tensor") {
+  data::HostBatch host;
+  host.rows = 1;
+  host.row_length = 4;
+  host.input_ids = {1, 2, 3, 4};
+  host.position_ids = {0, 1, 2, 3};
+  host.labels = {2, 3, 4, data::kIgnoreLabel};
+  host.cu_seqlens = {0, 4};
+  host.num_crops = 2;
+  host.crop_size = 3;
+  torch::manual_seed(2);
+  const torch::Tensor values = torch::randn({2 * 3 * 3 * 3});
+  host.crops.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+  data::HostBatch given = host;  // the crops in a tensor of their own (pinned memory on CUDA)
+  given.crops.clear();
+  given.staged_crops = std::make_shared<const torch::Tensor>(values.clone());
+  const torch::Device cpu(torch::kCPU);
+  const torch::Tensor expected = model::to_tensors(host, cpu).crops;
+  const torch::Tensor got = model::to_tensors(given, cpu).crops;
+  CATCH_CHECK(got.sizes() == torch::IntArrayRef({2, 3, 3, 3}));
+  CATCH_CHECK(torch::equal(got, expected));
+  // A copy: the batch's own memory can go while the tensors live (the releaser frees it).
+  CATCH_CHECK(got.data_ptr() !=
+              static_cast<const torch::Tensor*>(given.staged_crops.get())->data_ptr());
+}

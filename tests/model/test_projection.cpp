@@ -1,5 +1,6 @@
-// model::project: the decoder's projections of one input as one GEMM over their concatenated
-// weights (CUDA's path) give the values and gradients of one linear each (the CPU's path).
+// model::project_together: the decoder's projections of one input as one GEMM over their
+// concatenated weights (CUDA's path) give the values and gradients of one linear each (the CPU's
+// path).
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -24,7 +25,13 @@ Projected run(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
   for (const torch::Tensor& w : weights)
     leaf_weights.push_back(w.detach().clone().requires_grad_());
   Projected out;
-  out.outputs = model::project(leaf_x, leaf_weights, together);
+  if (together) {
+    out.outputs = model::project_together(leaf_x, leaf_weights);
+  } else {  // what the decoder runs on the CPU: Linear::forward, one per weight
+    for (const torch::Tensor& w : leaf_weights) {
+      out.outputs.push_back(torch::nn::functional::linear(leaf_x, w));
+    }
+  }
   torch::manual_seed(5);
   torch::Tensor loss = torch::zeros({});
   for (const torch::Tensor& y : out.outputs) loss = loss + (y * torch::randn_like(y)).sum();

@@ -12,7 +12,7 @@ namespace vlm::data {
 namespace {
 
 // Decodes and splits every image of `sample` into `out`; returns false if one failed (its
-// crops stay as they were: zero).
+// crops are left zero).
 bool write_sample_crops(const BuiltSample& sample, const CollateOptions& options, float* out) {
   bool all_ok = true;
   const size_t crop_floats = static_cast<size_t>(3 * options.crop_size * options.crop_size);
@@ -21,6 +21,7 @@ bool write_sample_crops(const BuiltSample& sample, const CollateOptions& options
     try {
       image_to_crops(decode_image(sample.image_paths[i]), grid, options.normalize, out);
     } catch (const Error& e) {
+      std::fill(out, out + crop_floats * static_cast<size_t>(grid.crops()), 0.0f);
       spdlog::warn("{}: image {} cannot be decoded, its sample carries no loss: {}",
                    sample.where.str(), sample.image_paths[i], e.what());
       all_ok = false;
@@ -60,7 +61,18 @@ HostBatch collate_host_batch(const MicroBatch& micro,
   b.position_ids.resize(cells);
   b.labels.resize(cells);
   const size_t crop_floats = static_cast<size_t>(3 * options.crop_size * options.crop_size);
-  if (options.decode_images) b.crops.assign(crop_floats * static_cast<size_t>(b.num_crops), 0.0f);
+  float* crops = nullptr;
+  if (options.decode_images && b.num_crops > 0) {
+    const size_t floats = crop_floats * static_cast<size_t>(b.num_crops);
+    if (options.crop_buffer) {  // every float is written below: decoded, or zero on failure
+      CropBuffer buffer = options.crop_buffer(floats);
+      crops = buffer.data;
+      b.staged_crops = std::move(buffer.owner);
+    } else {
+      b.crops.assign(floats, 0.0f);
+      crops = b.crops.data();
+    }
+  }
 
   PackedRow row;
   size_t next_sample = 0;
@@ -89,7 +101,7 @@ HostBatch collate_host_batch(const MicroBatch& micro,
     for (size_t k = 0; k < pack.items.size(); ++k) {
       const BuiltSample& s = *samples[first + k];
       if (options.decode_images && !s.image_paths.empty()) {
-        float* out = b.crops.data() + crop_floats * static_cast<size_t>(crop_cursor);
+        float* out = crops + crop_floats * static_cast<size_t>(crop_cursor);
         if (!write_sample_crops(s, options, out)) {
           ++b.undecodable_images;
           const int64_t begin = offset + row.cu_seqlens[k];

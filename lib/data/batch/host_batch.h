@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,7 +29,9 @@ struct HostBatch {
   std::vector<int32_t> cu_seqlens;
   int64_t crop_size = 0;
   int64_t num_crops = 0;
-  std::vector<float> crops;  // [num_crops, 3, crop_size, crop_size], normalised
+  // [num_crops, 3, crop_size, crop_size], normalised; empty when CollateOptions::crop_buffer
+  // gave the crops a buffer of its own (`staged_crops`).
+  std::vector<float> crops;
   // Flat positions (row * T + t) of the image tokens, in crop order, tokens_per_crop per crop.
   std::vector<int64_t> image_token_index;
 
@@ -40,9 +43,9 @@ struct HostBatch {
   int64_t undecodable_images = 0;  // replaced by blank crops; their samples carry no loss
   std::vector<uint64_t> sample_ids;
 
-  // The crops staged for a device by LoaderOptions::stage on the worker that collated the
-  // batch (the trainer's pinned copy, model/batch_tensors.h), or null: an opaque handle, so
-  // this layer stays free of LibTorch. A batch split after an OOM is collated anew, unstaged.
+  // The owner of the crops when CollateOptions::crop_buffer gave them their memory (the
+  // trainer's pinned memory on CUDA, model/batch_tensors.h), or null: an opaque handle, so this
+  // layer stays free of LibTorch.
   std::shared_ptr<const void> staged_crops;
 
   // Where the batch came from, so it can be split and collated again after an OOM.
@@ -52,6 +55,13 @@ struct HostBatch {
   int64_t padding_tokens() const { return rows * row_length - tokens; }
 };
 
+// Memory for a batch's crops from its user: `data` holds the floats asked for while `owner`
+// lives.
+struct CropBuffer {
+  float* data = nullptr;
+  std::shared_ptr<const void> owner;
+};
+
 struct CollateOptions {
   int64_t crop_size = 0;  // the ViT input side
   int32_t pad_id = 0;
@@ -59,6 +69,10 @@ struct CollateOptions {
   int64_t image_tokens_per_crop = 0;
   NormalizeOptions normalize;
   bool decode_images = true;  // false: leave crops empty (planning-only inspection)
+  // Where the crops are written (CUDA: pinned memory the copy to the GPU starts from, kept by
+  // the host allocator's cache, so no step maps or unmaps hundreds of megabytes; see
+  // model::pinned_crop_buffers); unset: HostBatch::crops.
+  std::function<CropBuffer(size_t floats)> crop_buffer;
 };
 
 // `samples` holds the built sample of every item of every pack of `micro`, in order (nullptr

@@ -26,9 +26,6 @@ struct LoaderOptions {
   int64_t workers = 2;           // 0: collate on the planner thread
   int64_t prefetch_batches = 4;  // micro-batches decoded ahead
   CollateOptions collate;
-  // Run on the worker after collation, off the training thread (the trainer stages a batch's
-  // crops in pinned memory for an asynchronous copy to the GPU); none when empty.
-  std::function<void(HostBatch&)> stage;
 };
 
 struct LoadedStep {

@@ -318,8 +318,8 @@ TEST_CASE("crops collated into a given buffer equal the default path's, every fl
   int calls = 0;
   given.crop_buffer = [&calls](size_t floats) {
     ++calls;  // memory full of NaN: a float the collator skips stays NaN
-    auto memory = std::make_shared<std::vector<float>>(floats,
-                                                       std::numeric_limits<float>::quiet_NaN());
+    auto memory =
+        std::make_shared<std::vector<float>>(floats, std::numeric_limits<float>::quiet_NaN());
     return CropBuffer{memory->data(), memory};
   };
   const auto as_floats = [](const HostBatch& b) {

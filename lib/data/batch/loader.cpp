@@ -7,12 +7,11 @@ namespace vlm::data {
 int64_t host_batch_bytes(const HostBatch& b) {
   const int64_t crops = b.staged_crops ? b.num_crops * 3 * b.crop_size * b.crop_size  // pinned
                                        : static_cast<int64_t>(b.crops.size());
-  return static_cast<int64_t>(
-      crops * static_cast<int64_t>(sizeof(float)) +
-      static_cast<int64_t>((b.input_ids.size() + b.position_ids.size() + b.labels.size() +
-                            b.cu_seqlens.size()) *
-                               sizeof(int32_t) +
-                           b.image_token_index.size() * sizeof(int64_t)));
+  return static_cast<int64_t>(crops * static_cast<int64_t>(sizeof(float)) +
+                              static_cast<int64_t>((b.input_ids.size() + b.position_ids.size() +
+                                                    b.labels.size() + b.cu_seqlens.size()) *
+                                                       sizeof(int32_t) +
+                                                   b.image_token_index.size() * sizeof(int64_t)));
 }
 
 Loader::Loader(PlanningPipeline& pipeline, LoaderOptions options)

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
+#include "core/dist_env.h"
 #include "model/batch_tensors.h"
+#include "train/data_wait_watch.h"
 #include "train/trainer_impl.h"
 
 namespace vlm::train {
@@ -137,6 +139,7 @@ ExitCode Trainer::run() {
     metrics_->write_event(state_.step, "stopped_by_signal", {{"signal", runtime::stop_signal()}});
     return ExitCode::kStoppedBySignal;
   };
+  DataWaitWatch data_wait(config_.data.workers, cpu_share_from_process().threads);
   while (state_.step < config_.train.max_steps) {
     if (comm_->any_rank_flagged(runtime::stop_requested())) {
       spdlog::warn("stop requested (signal {}): saving a checkpoint at step {}",
@@ -170,6 +173,10 @@ ExitCode Trainer::run() {
                       "the last checkpoint is intact; lower the learning rates or use bf16/fp32");
     }
     progress_->step_done(m, ms_since(run_start) / 1000.0);
+    if (auto slow = data_wait.step_done(state_.step, m.step_ms, m.data_wait_ms)) {
+      progress_->end_line();
+      spdlog::warn("{}", *slow);
+    }
     const bool last = state_.step == config_.train.max_steps;
     if (config_.output.checkpoint_every > 0 && state_.step % config_.output.checkpoint_every == 0 &&
         !last) {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "core/dist_env.h"
+#include "memory/magnitude.h"
 
 namespace vlm::memory {
 
@@ -49,6 +50,9 @@ MemorySpec memory_spec(const Config& config) {
   if (config.train.lr.language == 0.0) s.language.trainable = false;
   // As runtime::configure_threads resolves train.threads.
   s.threads = config.train.threads > 0 ? config.train.threads : cpu_share_from_process().threads;
+  // Every command sizes its memory from here: the one place a config beyond the model's range
+  // is refused.
+  check_config_in_range(config, s);
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/dist_env.h"
+#include "memory/magnitude.h"
 #include "memory/replay.h"
 
 namespace vlm::memory {
@@ -65,6 +66,10 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
   const int64_t segment_total =
       std::accumulate(shape.segment_lengths.begin(), shape.segment_lengths.end(), int64_t{0});
   if (shape.supervised_tokens <= 0) return "no supervised token";
+  if (step_bytes_bound(spec, static_cast<double>(shape.rows), static_cast<double>(shape.row_tokens),
+                       static_cast<double>(shape.crops)) > kMaxModelledBytes) {
+    return "beyond the memory model's range (over 1 EiB: memory/magnitude.h)";
+  }
   if (shape.segment_lengths.empty() || segment_total != shape.tokens()) {
     return "segment lengths unknown";
   }

@@ -224,3 +224,16 @@ CATCH_TEST_CASE(
   const json unbounded = estimate(flags);
   CATCH_CHECK(unbounded["typical"]["micro_batches"] == unbounded["typical"]["steps"]);
 }
+
+CATCH_TEST_CASE(
+    "estimate-memory refuses a config beyond the memory model's range, naming its keys") {
+  // Once "needs -7373.04 PiB, fits" with exit 0: the int64 counts had wrapped (issue 29).
+  const auto r = run_vlmtrain(
+      "estimate-memory --gpu H100-80GB --torch 1.13 --set packing.max_seq_len=16777216 --set "
+      "model.language.max_position=16777216 --set data.max_sample_length=16777216 --set "
+      "train.batch_size=65536");
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(r.output.find("1 EiB") != std::string::npos);
+  CATCH_CHECK(r.output.find("train.batch_size = 65536") != std::string::npos);
+  CATCH_CHECK(r.output.find("fits") == std::string::npos);
+}

@@ -1,0 +1,60 @@
+// A config as `vlmtrain estimate-memory` answers for it from metadata: load_config(path,
+// overrides), then estimate_worst_case (estimate/estimate.h) for a CPU or a CUDA target, 1 or 2
+// ranks. Input: the config file's text, then optionally a NUL byte and one
+// "section.key=value" override per line (as fuzz_config). Invariants of a modelled answer:
+// every figure is a count of bytes (not negative, within the model's range, memory/magnitude.h),
+// the peak holds the static bytes, and each phase's peak is at most the step's.
+#include <string>
+#include <vector>
+
+#include "core/config_io.h"
+#include "estimate/estimate.h"
+#include "fuzz_support.h"
+#include "memory/magnitude.h"
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  vlm::fuzz::init();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const auto parts =
+      vlm::fuzz::split_at_nul(std::string_view(reinterpret_cast<const char*>(data), size));
+  const std::string_view set_text = parts.second;
+  std::vector<std::string> overrides;
+  size_t start = 0;
+  while (start < set_text.size()) {
+    size_t end = set_text.find('\n', start);
+    if (end == std::string_view::npos) end = set_text.size();
+    overrides.emplace_back(set_text.substr(start, end - start));
+    start = end + 1;
+  }
+  vlm::fuzz::guard("estimate_memory", [&] {
+    const std::string path = vlm::fuzz::write_scratch("config.yaml", parts.first);
+    const vlm::Config config = vlm::load_config(path, overrides).config;
+    // One target per input (the instrumented worst case of the default config takes seconds):
+    // CPU or CUDA, 1 or 2 ranks, by the input's length.
+    const bool cuda = size % 2 == 1;
+    const int64_t ranks = size % 4 >= 2 ? 2 : 1;
+    const vlm::estimate::WorstCaseEstimate e =
+        vlm::estimate::estimate_worst_case(config, cuda, ranks);
+    if (!e.modelled) return;
+    const vlm::memory::StepPrediction& p = e.step.tensors;
+    const auto count = [](int64_t bytes) {
+      return bytes >= 0 && static_cast<double>(bytes) <= vlm::memory::kMaxModelledBytes;
+    };
+    const bool ok = count(p.peak_bytes) && count(p.static_bytes) &&
+                    count(e.statics.total_bytes()) && p.peak_bytes >= p.static_bytes &&
+                    count(p.forward_peak) && count(p.backward_peak) && count(p.optimizer_peak) &&
+                    p.forward_peak <= p.peak_bytes && p.backward_peak <= p.peak_bytes &&
+                    p.optimizer_peak <= p.peak_bytes && count(e.batch_tensor_bytes);
+    if (!ok) {
+      vlm::fuzz::invariant_failed(
+          "estimate_memory", "a modelled worst case that is not a count of bytes: peak " +
+                                 std::to_string(p.peak_bytes) + ", static " +
+                                 std::to_string(p.static_bytes) + (cuda ? ", cuda" : ", cpu") +
+                                 ", ranks " + std::to_string(ranks));
+    }
+  });
+  return 0;
+}

@@ -5,7 +5,6 @@
 // every figure is a count of bytes (not negative, within the model's range, memory/magnitude.h),
 // the peak holds the static bytes, and each phase's peak is at most the step's.
 #include <string>
-#include <vector>
 
 #include "core/config_io.h"
 #include "estimate/estimate.h"
@@ -18,20 +17,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto parts =
-      vlm::fuzz::split_at_nul(std::string_view(reinterpret_cast<const char*>(data), size));
-  const std::string_view set_text = parts.second;
-  std::vector<std::string> overrides;
-  size_t start = 0;
-  while (start < set_text.size()) {
-    size_t end = set_text.find('\n', start);
-    if (end == std::string_view::npos) end = set_text.size();
-    overrides.emplace_back(set_text.substr(start, end - start));
-    start = end + 1;
-  }
+  const vlm::fuzz::ConfigInput input = vlm::fuzz::config_input(data, size);
   vlm::fuzz::guard("estimate_memory", [&] {
-    const std::string path = vlm::fuzz::write_scratch("config.yaml", parts.first);
-    const vlm::Config config = vlm::load_config(path, overrides).config;
+    const std::string path = vlm::fuzz::write_scratch("config.yaml", input.file_text);
+    const vlm::Config config = vlm::load_config(path, input.overrides).config;
     // One target per input (the instrumented worst case of the default config takes seconds):
     // CPU or CUDA, 1 or 2 ranks, by the input's length.
     const bool cuda = size % 2 == 1;

@@ -68,4 +68,18 @@ std::pair<std::string_view, std::string_view> split_at_nul(std::string_view text
   return {text.substr(0, nul), text.substr(nul + 1)};
 }
 
+ConfigInput config_input(const uint8_t* data, size_t size) {
+  const auto parts = split_at_nul(std::string_view(reinterpret_cast<const char*>(data), size));
+  ConfigInput input{parts.first, {}};
+  const std::string_view sets = parts.second;
+  size_t start = 0;
+  while (start < sets.size()) {
+    size_t end = sets.find('\n', start);
+    if (end == std::string_view::npos) end = sets.size();
+    input.overrides.emplace_back(sets.substr(start, end - start));
+    start = end + 1;
+  }
+  return input;
+}
+
 }  // namespace vlm::fuzz

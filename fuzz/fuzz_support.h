@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -40,6 +41,14 @@ inline std::string write_scratch(const std::string& name, const uint8_t* data, s
 
 // Splits `text` at the first NUL byte: {before, after}; after is empty without one.
 std::pair<std::string_view, std::string_view> split_at_nul(std::string_view text);
+
+// The input of the config harnesses (fuzz_config, fuzz_estimate_memory): a config file's text,
+// then optionally a NUL byte and one "section.key=value" override per line.
+struct ConfigInput {
+  std::string_view file_text;
+  std::vector<std::string> overrides;
+};
+ConfigInput config_input(const uint8_t* data, size_t size);
 
 // Runs `body`: a vlm::Error is a clean refusal, any other std::exception a finding.
 template <typename Body>

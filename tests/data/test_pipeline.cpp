@@ -18,6 +18,7 @@
 #include "data/demo/demo_data.h"
 #include "data/image/image_encode.h"
 #include "data/packing/worst_case.h"
+#include "spec/image_tokens.h"
 #include "support/test_support.h"
 
 using namespace vlm::data;
@@ -78,6 +79,37 @@ TEST_CASE("nanoVLM's defaults: 1224 crops by arithmetic, far fewer within the to
   CHECK(w.crops_per_micro_batch == 4 * 63);
   in.max_crops_per_micro_batch = 100;
   CHECK(worst_case(in).crops_per_micro_batch == 100);
+}
+
+// Many grids (small crops, large images): the row the knapsack spells out is the row it
+// counted (its shape indices once wrapped at 256), and 67 million grids no longer take minutes
+// (issue 29, class 2): one grid per tile count that fits stands for the rest.
+TEST_CASE("the worst row is spelled as counted, and many grids cost the distinct tile counts") {
+  WorstCaseInputs in;
+  in.grid.crop_size = 8;
+  in.grid.max_img_size = 32 * 8;  // grids up to 32 x 32: some 400 distinct tile counts
+  in.image_tokens_per_crop = 1;   // an image of n > 1 tiles: (n + 1) crops, 2 (n + 1) tokens
+  in.max_seq_len = 4096;
+  in.max_images_per_pack = 3;  // 2048 crops only as a mix (32x32, 31x32 and 29x1 tiles, say)
+  const WorstCase w = worst_case(in);
+  CHECK(w.crops_per_pack == 2048);
+  REQUIRE(w.images_in_that_pack == static_cast<int64_t>(w.grids_in_that_pack.size()));
+  CHECK(w.images_in_that_pack <= 3);
+  int64_t crops = 0, tokens = 0;
+  for (const GridShape& g : w.grids_in_that_pack) {
+    crops += vlm::spec::image_crops(g.rows, g.cols);
+    tokens += vlm::spec::image_lm_tokens(g.rows, g.cols, in.image_tokens_per_crop);
+  }
+  CHECK(crops == w.crops_per_pack);
+  CHECK(tokens == w.image_tokens_in_that_pack);
+  CHECK(tokens <= in.max_seq_len);
+
+  in.grid.max_img_size = 65536;  // 8192 x 8192 grids
+  in.max_images_per_pack = 18;
+  const WorstCase many = worst_case(in);
+  CHECK(many.crops_per_pack == 2048);
+  CHECK(many.max_crops_per_image == 8192 * 8192 + 1);
+  CHECK(many.image_tokens_in_that_pack <= in.max_seq_len);
 }
 
 TEST_CASE("every rank plans the same steps and their union is the stream, without overlap") {

@@ -28,12 +28,15 @@ struct Shape {
 // The most crops k images can bring into at most T tokens, for every k up to K: best[k][t] is
 // the most crops with exactly k images in at most t tokens (an unbounded knapsack per image
 // count), and choice[k][t] the shape of the k-th image of that optimum, so the row can be
-// spelled out. Sizes are small: images <= T / (cheapest image's tokens), tokens <= max_seq_len.
+// spelled out. Sizes are small: images <= T / (cheapest image's tokens), tokens <= max_seq_len,
+// shapes: one per crop count that fits T (worst_case keeps no two of the same).
 class RowKnapsack {
  public:
   RowKnapsack(const std::vector<Shape>& shapes, int64_t K, int64_t T)
-      : shapes_(shapes), T_(T), best_(static_cast<size_t>(K + 1), std::vector<int64_t>(T + 1, -1)),
-        choice_(static_cast<size_t>(K + 1), std::vector<uint8_t>(T + 1, 0)) {
+      : shapes_(shapes),
+        T_(T),
+        best_(static_cast<size_t>(K + 1), std::vector<int64_t>(T + 1, -1)),
+        choice_(static_cast<size_t>(K + 1), std::vector<uint32_t>(T + 1, 0)) {
     std::fill(best_[0].begin(), best_[0].end(), 0);
     for (int64_t k = 1; k <= K; ++k) {
       for (int64_t t = 0; t <= T; ++t) {
@@ -43,7 +46,7 @@ class RowKnapsack {
           const int64_t before = best_[k - 1][t - shape.tokens];
           if (before >= 0 && before + shape.crops > best_[k][t]) {
             best_[k][t] = before + shape.crops;
-            choice_[k][t] = static_cast<uint8_t>(s);
+            choice_[k][t] = static_cast<uint32_t>(s);
           }
         }
       }
@@ -68,7 +71,7 @@ class RowKnapsack {
   const std::vector<Shape>& shapes_;
   int64_t T_;
   std::vector<std::vector<int64_t>> best_;
-  std::vector<std::vector<uint8_t>> choice_;
+  std::vector<std::vector<uint32_t>> choice_;
 };
 
 // The knapsack's table stays below this many (images, tokens) cells (9 bytes each).
@@ -76,22 +79,33 @@ constexpr int64_t kMaxKnapsackCells = int64_t{1} << 22;
 
 void exact_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
                 int64_t knapsack_images, WorstCase& w);
-void bound_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
-                WorstCase& w);
+void bound_rows(const WorstCaseInputs& in, int64_t K, WorstCase& w);
 
 }  // namespace
 
 WorstCase worst_case(const WorstCaseInputs& in) {
   // Every grid an image can get: with resize_to_max the long side is always max_img_size.
   const int64_t max_side = std::max<int64_t>(1, in.grid.max_img_size / in.grid.crop_size);
+  const int64_t T = in.max_seq_len;
+  // The shapes a row can hold: an image's tokens and crops depend on its tiles (rows x cols)
+  // alone, so one grid per tile count (the first, fewest rows) stands for all of it, and one
+  // beyond T tokens never fits. That keeps the knapsack's work to the distinct tile counts that
+  // fit (at most T), where every grid once entered it: (max_img_size / crop side)^2 of them,
+  // 67 million at 65536 px in 8-px crops, which ran for minutes.
   std::vector<Shape> shapes;
+  std::vector<bool> tiles_seen;
   WorstCase w;
   for (int64_t rows = 1; rows <= max_side; ++rows) {
     for (int64_t cols = 1; cols <= max_side; ++cols) {
       if (in.grid.resize_to_max && std::max(rows, cols) != max_side) continue;
       const int64_t crops = spec::image_crops(rows, cols);
       const int64_t tokens = spec::image_lm_tokens(rows, cols, in.image_tokens_per_crop);
-      shapes.push_back({{rows, cols}, tokens, crops});
+      const auto tiles = static_cast<size_t>(rows * cols);
+      if (tokens <= T && (tiles >= tiles_seen.size() || !tiles_seen[tiles])) {
+        if (tiles >= tiles_seen.size()) tiles_seen.resize(tiles + 1, false);
+        tiles_seen[tiles] = true;
+        shapes.push_back({{rows, cols}, tokens, crops});
+      }
       if (crops > w.max_crops_per_image) {
         w.max_crops_per_image = crops;
         w.largest_grid = {rows, cols};
@@ -100,7 +114,6 @@ WorstCase worst_case(const WorstCaseInputs& in) {
     }
   }
   w.naive_crops = in.batch_size * in.max_images_per_pack * w.max_crops_per_image;
-  const int64_t T = in.max_seq_len;
   w.max_images_by_tokens = w.min_image_tokens > 0 ? T / w.min_image_tokens : 0;
 
   // Images beyond what the tokens allow never fit, so the knapsack stops there; one more
@@ -108,7 +121,7 @@ WorstCase worst_case(const WorstCaseInputs& in) {
   const int64_t K = std::min(in.max_images_per_pack, w.max_images_by_tokens);
   const int64_t knapsack_images = std::min(K + 1, w.max_images_by_tokens);
   if ((knapsack_images + 1) * (T + 1) > kMaxKnapsackCells) {
-    bound_rows(shapes, in, K, w);
+    bound_rows(in, K, w);
   } else {
     exact_rows(shapes, in, K, knapsack_images, w);
   }
@@ -171,20 +184,17 @@ void exact_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int
 // marker per crop), so a row holds at most max_seq_len / that many crops, and at most K images
 // of the largest grid. The smaller of the two bounds the row (it may not be reachable exactly:
 // a bound, on the side of memory), spelled as copies of the largest grid.
-void bound_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
-                WorstCase& w) {
+void bound_rows(const WorstCaseInputs& in, int64_t K, WorstCase& w) {
   const int64_t by_tokens = in.max_seq_len / (in.image_tokens_per_crop + 1);
   const int64_t by_images = K * w.max_crops_per_image;
   w.crops_per_pack = std::min(by_tokens, by_images);
   w.binding = by_images < by_tokens ? CropLimit::kImagesPerPack : CropLimit::kTokens;
-  const auto largest = std::max_element(shapes.begin(), shapes.end(), [](const Shape& a,
-                                                                         const Shape& b) {
-    return a.crops < b.crops;
-  });
-  const int64_t copies = largest->crops > 0 ? w.crops_per_pack / largest->crops : 0;
+  const int64_t copies = w.max_crops_per_image > 0 ? w.crops_per_pack / w.max_crops_per_image : 0;
   w.images_in_that_pack = copies;
-  w.grids_in_that_pack.assign(static_cast<size_t>(copies), largest->grid);
-  w.image_tokens_in_that_pack = copies * largest->tokens;
+  w.grids_in_that_pack.assign(static_cast<size_t>(copies), w.largest_grid);
+  w.image_tokens_in_that_pack =
+      copies *
+      spec::image_lm_tokens(w.largest_grid.rows, w.largest_grid.cols, in.image_tokens_per_crop);
   apply_pack_cap(in, w);
 }
 

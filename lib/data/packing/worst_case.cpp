@@ -74,8 +74,11 @@ class RowKnapsack {
   std::vector<std::vector<uint32_t>> choice_;
 };
 
-// The knapsack's table stays below this many (images, tokens) cells (9 bytes each).
+// The knapsack's table stays below this many (images, tokens) cells (12 bytes each), and its
+// work (cells x shapes) below kMaxKnapsackWork steps (about a second); beyond either the rows
+// are bounded instead (bound_rows).
 constexpr int64_t kMaxKnapsackCells = int64_t{1} << 22;
+constexpr int64_t kMaxKnapsackWork = int64_t{1} << 29;
 
 void exact_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int64_t K,
                 int64_t knapsack_images, WorstCase& w);
@@ -87,30 +90,32 @@ WorstCase worst_case(const WorstCaseInputs& in) {
   // Every grid an image can get: with resize_to_max the long side is always max_img_size.
   const int64_t max_side = std::max<int64_t>(1, in.grid.max_img_size / in.grid.crop_size);
   const int64_t T = in.max_seq_len;
-  // The shapes a row can hold: an image's tokens and crops depend on its tiles (rows x cols)
-  // alone, so one grid per tile count (the first, fewest rows) stands for all of it, and one
-  // beyond T tokens never fits. That keeps the knapsack's work to the distinct tile counts that
-  // fit (at most T), where every grid once entered it: (max_img_size / crop side)^2 of them,
-  // 67 million at 65536 px in 8-px crops, which ran for minutes.
+  const int64_t per_crop = in.image_tokens_per_crop;
+  WorstCase w;
+  // An image's tokens and crops depend on its tiles (rows x cols) alone and grow with them, so
+  // the largest grid is max_side x max_side and the cheapest the one of fewest tiles.
+  w.largest_grid = {max_side, max_side};
+  w.max_crops_per_image = spec::image_crops(max_side, max_side);
+  w.min_image_tokens = in.grid.resize_to_max ? spec::image_lm_tokens(1, max_side, per_crop)
+                                             : spec::image_lm_tokens(1, 1, per_crop);
+  // The shapes a row can hold: one grid per tile count (the first, fewest rows) stands for all
+  // of its count, and none beyond T tokens fits. The knapsack's work is then the distinct tile
+  // counts that fit (at most T), and this walk about T x ln(max_side) grids, where every grid
+  // once entered both: (max_img_size / crop side)^2 of them, 67 million at 65536 px in 8-px
+  // crops, which ran for minutes.
   std::vector<Shape> shapes;
   std::vector<bool> tiles_seen;
-  WorstCase w;
   for (int64_t rows = 1; rows <= max_side; ++rows) {
-    for (int64_t cols = 1; cols <= max_side; ++cols) {
-      if (in.grid.resize_to_max && std::max(rows, cols) != max_side) continue;
-      const int64_t crops = spec::image_crops(rows, cols);
-      const int64_t tokens = spec::image_lm_tokens(rows, cols, in.image_tokens_per_crop);
+    // With resize_to_max the long side is max_img_size: cols = max_side, or any when rows is.
+    const int64_t first_col = in.grid.resize_to_max && rows < max_side ? max_side : 1;
+    for (int64_t cols = first_col; cols <= max_side; ++cols) {
+      const int64_t tokens = spec::image_lm_tokens(rows, cols, per_crop);
+      if (tokens > T) break;  // more columns only cost more
       const auto tiles = static_cast<size_t>(rows * cols);
-      if (tokens <= T && (tiles >= tiles_seen.size() || !tiles_seen[tiles])) {
-        if (tiles >= tiles_seen.size()) tiles_seen.resize(tiles + 1, false);
-        tiles_seen[tiles] = true;
-        shapes.push_back({{rows, cols}, tokens, crops});
-      }
-      if (crops > w.max_crops_per_image) {
-        w.max_crops_per_image = crops;
-        w.largest_grid = {rows, cols};
-      }
-      if (w.min_image_tokens == 0 || tokens < w.min_image_tokens) w.min_image_tokens = tokens;
+      if (tiles >= tiles_seen.size()) tiles_seen.resize(tiles + 1, false);
+      if (tiles_seen[tiles]) continue;
+      tiles_seen[tiles] = true;
+      shapes.push_back({{rows, cols}, tokens, spec::image_crops(rows, cols)});
     }
   }
   w.naive_crops = in.batch_size * in.max_images_per_pack * w.max_crops_per_image;
@@ -120,7 +125,8 @@ WorstCase worst_case(const WorstCaseInputs& in) {
   // image than the cap tells whether the cap binds.
   const int64_t K = std::min(in.max_images_per_pack, w.max_images_by_tokens);
   const int64_t knapsack_images = std::min(K + 1, w.max_images_by_tokens);
-  if ((knapsack_images + 1) * (T + 1) > kMaxKnapsackCells) {
+  const int64_t cells = (knapsack_images + 1) * (T + 1);
+  if (cells > kMaxKnapsackCells || cells * static_cast<int64_t>(shapes.size()) > kMaxKnapsackWork) {
     bound_rows(in, K, w);
   } else {
     exact_rows(shapes, in, K, knapsack_images, w);
@@ -179,11 +185,11 @@ void exact_rows(const std::vector<Shape>& shapes, const WorstCaseInputs& in, int
   apply_pack_cap(in, w);
 }
 
-// Rows too long for the knapsack's table (kMaxKnapsackCells): every image costs exactly
-// (image_tokens_per_crop + 1) tokens per crop (spec/image_tokens.h: its crops' tokens plus one
-// marker per crop), so a row holds at most max_seq_len / that many crops, and at most K images
-// of the largest grid. The smaller of the two bounds the row (it may not be reachable exactly:
-// a bound, on the side of memory), spelled as copies of the largest grid.
+// Rows too long for the knapsack's table (kMaxKnapsackCells) or work (kMaxKnapsackWork): every
+// image costs exactly (image_tokens_per_crop + 1) tokens per crop (spec/image_tokens.h: its
+// crops' tokens plus one marker per crop), so a row holds at most max_seq_len / that many
+// crops, and at most K images of the largest grid. The smaller of the two bounds the row (it may
+// not be reachable exactly: a bound, on the side of memory), spelled as copies of the largest grid.
 void bound_rows(const WorstCaseInputs& in, int64_t K, WorstCase& w) {
   const int64_t by_tokens = in.max_seq_len / (in.image_tokens_per_crop + 1);
   const int64_t by_images = K * w.max_crops_per_image;

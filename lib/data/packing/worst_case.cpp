@@ -98,14 +98,24 @@ WorstCase worst_case(const WorstCaseInputs& in) {
   w.max_crops_per_image = spec::image_crops(max_side, max_side);
   w.min_image_tokens = in.grid.resize_to_max ? spec::image_lm_tokens(1, max_side, per_crop)
                                              : spec::image_lm_tokens(1, 1, per_crop);
+  w.naive_crops = in.batch_size * in.max_images_per_pack * w.max_crops_per_image;
+  w.max_images_by_tokens = w.min_image_tokens > 0 ? T / w.min_image_tokens : 0;
+
+  // Images beyond what the tokens allow never fit, so the knapsack stops there; one more
+  // image than the cap tells whether the cap binds.
+  const int64_t K = std::min(in.max_images_per_pack, w.max_images_by_tokens);
+  const int64_t knapsack_images = std::min(K + 1, w.max_images_by_tokens);
+  const int64_t cells = (knapsack_images + 1) * (T + 1);
   // The shapes a row can hold: one grid per tile count (the first, fewest rows) stands for all
   // of its count, and none beyond T tokens fits. The knapsack's work is then the distinct tile
-  // counts that fit (at most T), and this walk about T x ln(max_side) grids, where every grid
-  // once entered both: (max_img_size / crop side)^2 of them, 67 million at 65536 px in 8-px
-  // crops, which ran for minutes.
+  // counts that fit, where every grid once entered it: (max_img_size / crop side)^2 of them, 67
+  // million at 65536 px in 8-px crops, which ran for minutes. The walk stops as soon as the
+  // knapsack would be beyond its bounds: the rows are bounded instead.
+  const int64_t max_shapes = cells > kMaxKnapsackCells ? 0 : kMaxKnapsackWork / cells;
   std::vector<Shape> shapes;
   std::vector<bool> tiles_seen;
-  for (int64_t rows = 1; rows <= max_side; ++rows) {
+  bool too_many = max_shapes == 0;
+  for (int64_t rows = 1; rows <= max_side && !too_many; ++rows) {
     // With resize_to_max the long side is max_img_size: cols = max_side, or any when rows is.
     const int64_t first_col = in.grid.resize_to_max && rows < max_side ? max_side : 1;
     for (int64_t cols = first_col; cols <= max_side; ++cols) {
@@ -116,17 +126,13 @@ WorstCase worst_case(const WorstCaseInputs& in) {
       if (tiles_seen[tiles]) continue;
       tiles_seen[tiles] = true;
       shapes.push_back({{rows, cols}, tokens, spec::image_crops(rows, cols)});
+      if (static_cast<int64_t>(shapes.size()) > max_shapes) {
+        too_many = true;
+        break;
+      }
     }
   }
-  w.naive_crops = in.batch_size * in.max_images_per_pack * w.max_crops_per_image;
-  w.max_images_by_tokens = w.min_image_tokens > 0 ? T / w.min_image_tokens : 0;
-
-  // Images beyond what the tokens allow never fit, so the knapsack stops there; one more
-  // image than the cap tells whether the cap binds.
-  const int64_t K = std::min(in.max_images_per_pack, w.max_images_by_tokens);
-  const int64_t knapsack_images = std::min(K + 1, w.max_images_by_tokens);
-  const int64_t cells = (knapsack_images + 1) * (T + 1);
-  if (cells > kMaxKnapsackCells || cells * static_cast<int64_t>(shapes.size()) > kMaxKnapsackWork) {
+  if (too_many) {
     bound_rows(in, K, w);
   } else {
     exact_rows(shapes, in, K, knapsack_images, w);

@@ -295,7 +295,9 @@ Command add_estimate_memory_command(CLI::App& root, const GlobalOptions& global)
   cmd->add_option("--lengths", args->lengths,
                   "Also plan a length stream (JSONL of {tokens, images, crops, supervised}) for "
                   "typical peaks");
-  cmd->add_option("--steps", args->steps, "Steps to plan with --data or --lengths, 1 to 10^6")
+  cmd->add_option("--steps", args->steps,
+                  "Steps to plan with --data or --lengths, 1 to 10^6 (planning stops at " +
+                      std::to_string(estimate::kMaxTypicalMicroBatches) + " micro-batches)")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
   cmd->add_option("--torch", args->torch,
                   "LibTorch version of the target (device terms); default: this binary's");

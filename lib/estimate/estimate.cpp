@@ -131,9 +131,13 @@ Distribution distribution(std::vector<int64_t> values) {
 }
 
 TypicalEstimate estimate_typical(const memory::MemorySpec& spec, data::PlanningPipeline& pipeline,
-                                 int64_t max_steps) {
+                                 int64_t max_steps, int64_t max_micro_batches) {
   TypicalEstimate t;
   while (max_steps == 0 || t.steps < max_steps) {
+    if (t.micro_batches >= max_micro_batches) {
+      t.stopped_at = max_micro_batches;
+      break;
+    }
     std::optional<data::PlannedStep> planned = pipeline.next_step();
     if (!planned) break;
     ++t.steps;

@@ -114,6 +114,7 @@ Distribution distribution(std::vector<int64_t> values);
 struct TypicalEstimate {
   int64_t steps = 0;
   int64_t micro_batches = 0;
+  int64_t stopped_at = 0;  // max_micro_batches when that stopped the planning, else 0
   int64_t unmodelled = 0;  // micro-batches the memory model does not cover (why_not)
   std::string why_not;
   // Per micro-batch: the tensor peak of a later step (gradients and moments live) whose
@@ -123,9 +124,15 @@ struct TypicalEstimate {
   std::vector<memory::StepPrediction> predictions;  // theirs, in the same order
   Distribution tensors() const { return distribution(tensor_peaks); }
 };
-// Plans up to `max_steps` steps (0: until the source ends) with `pipeline` and predicts every
-// micro-batch of every rank.
+// Typical peaks want a sample, not a census: planning stops once this many micro-batches are
+// predicted (the step that reaches it planned whole). It bounds `estimate-memory --steps` at
+// its maximum (10^6) to seconds (issue 29, class 2).
+inline constexpr int64_t kMaxTypicalMicroBatches = 2000;
+
+// Plans up to `max_steps` steps (0: until the source ends) with `pipeline`, and no new step once
+// `max_micro_batches` micro-batches were planned, and predicts every micro-batch of every rank.
 TypicalEstimate estimate_typical(const memory::MemorySpec& spec, data::PlanningPipeline& pipeline,
-                                 int64_t max_steps);
+                                 int64_t max_steps,
+                                 int64_t max_micro_batches = kMaxTypicalMicroBatches);
 
 }  // namespace vlm::estimate

@@ -197,6 +197,9 @@ json to_json(const Report& r) {
     j["typical"] = {{"source", r.typical_source},
                     {"steps", r.typical->steps},
                     {"micro_batches", r.typical->micro_batches},
+                    {"stopped_at_micro_batches", r.typical->stopped_at > 0
+                                                     ? nlohmann::json(r.typical->stopped_at)
+                                                     : nlohmann::json(nullptr)},
                     {"unmodelled", r.typical->unmodelled},
                     {"peak_bytes", distribution_json(r.typical->tensors())}};
   } else {
@@ -309,9 +312,12 @@ std::string to_text(const Report& r, bool bars) {
   }
   if (r.typical) {
     const Distribution d = r.typical->tensors();
-    out << "\ntypical micro-batches (" << r.typical_source << ": " << r.typical->steps
-        << " steps, " << r.typical->micro_batches << " micro-batches): peak p50 " << gib(d.p50)
-        << ", p99 " << gib(d.p99) << ", max " << gib(d.max);
+    out << "\ntypical micro-batches (" << r.typical_source << ": " << r.typical->steps << " steps, "
+        << r.typical->micro_batches << " micro-batches"
+        << (r.typical->stopped_at > 0
+                ? "; planning stopped at " + std::to_string(r.typical->stopped_at) + ", a sample"
+                : std::string())
+        << "): peak p50 " << gib(d.p50) << ", p99 " << gib(d.p99) << ", max " << gib(d.max);
     if (e.modelled && e.step.tensors.peak_bytes > 0 && !c.train.batch_size_auto()) {
       out << " (" << fixed(100.0 * static_cast<double>(d.max) /
                                 static_cast<double>(e.step.tensors.peak_bytes), 0)

@@ -78,12 +78,30 @@ TEST_CASE("the worst case bounds the step peak of every micro-batch planned from
     const estimate::TypicalEstimate typical =
         estimate::estimate_typical(worst.spec, *pipeline, 0);
     REQUIRE(typical.micro_batches > 20);
+    CHECK(typical.stopped_at == 0);
     CHECK(typical.unmodelled == 0);
     for (const int64_t peak : typical.tensor_peaks) CHECK(peak <= worst.step.tensors.peak_bytes);
     // ...and the bound is not loose by orders of magnitude: the heaviest planned micro-batch
     // reaches a fair part of it.
     CHECK(typical.tensors().max * 4 > worst.step.tensors.peak_bytes);
   }
+}
+
+TEST_CASE("typical peaks stop planning at their micro-batch cap, the step reaching it whole") {
+  test::TempDir dir("estimate");
+  const Config config = demo_config({"train.gradient_accumulation_steps=3"});
+  const estimate::WorstCaseEstimate worst = estimate::estimate_worst_case(config, false);
+  const std::string stream = write_stream(dir / "s", config, 400, 7);
+  auto pipeline = data::length_pipeline(config, 1, stream);
+  // 3 micro-batches a step: a cap of 10 stops after the 4th step (12), before --steps' 1000.
+  const estimate::TypicalEstimate capped =
+      estimate::estimate_typical(worst.spec, *pipeline, 1000, 10);
+  CHECK(capped.stopped_at == 10);
+  CHECK(capped.steps == 4);
+  CHECK(capped.micro_batches == 12);
+  CHECK(capped.tensor_peaks.size() == 12);
+  // The default cap is above what --steps' default (100) plans for one rank of nanoVLM's 8.
+  CHECK(estimate::kMaxTypicalMicroBatches >= 100 * 8);
 }
 
 TEST_CASE("the worst case's breakdown sums to its peak, and its phases are ordered as a step "

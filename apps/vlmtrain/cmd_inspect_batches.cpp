@@ -108,10 +108,10 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
         }
       }
       report.add_step(loaded_step->step, loaded_step->plan);
-      for (const auto& batch : loaded_step->batches) {
-        decoded_images += batch.images;
-        decoded_samples += batch.samples;
-        undecodable += batch.undecodable_images;
+      while (const std::optional<data::HostBatch> batch = loaded_step->batches.take()) {
+        decoded_images += batch->images;
+        decoded_samples += batch->samples;
+        undecodable += batch->undecodable_images;
       }
     }
     const double seconds = seconds_since(start);

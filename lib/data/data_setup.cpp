@@ -133,7 +133,9 @@ std::unique_ptr<PlanningPipeline> DataSetup::validation_pipeline() const {
   PlanningOptions options = planning_;
   options.planner.micro_steps = 1;
   options.packer.emission_window = 0;  // evaluation order does not matter, keep it stable
-  return std::make_unique<PlanningPipeline>(std::move(source), options);
+  auto pipeline = std::make_unique<PlanningPipeline>(std::move(source), options);
+  pipeline->share_drop_warning(validation_drop_warning_);
+  return pipeline;
 }
 
 }  // namespace vlm::data

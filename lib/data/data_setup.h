@@ -3,6 +3,7 @@
 // Shared by `train`, `inspect-batches` and `tokenize`.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -50,7 +51,8 @@ class DataSetup {
 
   // The training stream: every train dataset, mixed by weight, shuffled, endless.
   std::unique_ptr<PlanningPipeline> training_pipeline() const;
-  // One ordered pass over the validation datasets (empty when none are configured).
+  // One ordered pass over the validation datasets (empty when none are configured). Their
+  // drop warning is said once, not once per evaluation.
   std::unique_ptr<PlanningPipeline> validation_pipeline() const;
 
  private:
@@ -61,6 +63,8 @@ class DataSetup {
   std::unique_ptr<SampleBuilder> builder_;
   std::unique_ptr<SkipCounter> skips_;
   PlanningOptions planning_;
+  std::shared_ptr<std::atomic<bool>> validation_drop_warning_ =
+      std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace vlm::data

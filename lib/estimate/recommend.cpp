@@ -1,6 +1,7 @@
 #include "estimate/recommend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <optional>
 
@@ -159,7 +160,14 @@ class Search {
  public:
   Search(const Config& config, const WorstCaseEstimate& current, const RecommendOptions& options)
       : options_(options) {
-    base_flops_ = workload_flops(config, current.spec, current.shape, /*replan=*/true);
+    try {
+      base_flops_ = workload_flops(config, current.spec, current.shape, /*replan=*/true);
+    } catch (const data::PackFitsNoMicroBatch& e) {
+      // batch_size auto: a pack of the data over the budget alone. The current config has no
+      // planned workload to compare with; the candidates' throughput stays unknown.
+      if (!e.over_budget()) throw;
+      base_flops_ = 0;
+    }
   }
 
   // The config with `set` applied, estimated; nullopt when the flags make an invalid config
@@ -199,7 +207,7 @@ class Search {
           r.note += " (its throughput needs data: --data or --lengths)";
         } else {
           const double flops = workload_flops(config, e.spec, e.shape, replan);
-          if (flops > 0) r.relative_throughput = base_flops_ / flops;
+          if (flops > 0 && base_flops_ > 0) r.relative_throughput = base_flops_ / flops;
         }
         result = r;
       }
@@ -229,6 +237,8 @@ class Search {
       std::vector<memory::BatchShape> shapes;
       int64_t samples = 0;
       std::unique_ptr<data::PlanningPipeline> pipeline = options_.plan(config);
+      // The report's own planning warned about the data already; candidates stay quiet.
+      pipeline->share_drop_warning(std::make_shared<std::atomic<bool>>(true));
       for (int64_t s = 0; s < options_.plan_steps; ++s) {
         const auto step = pipeline->next_step();
         if (!step) break;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "data/packing/packed_row.h"
@@ -31,6 +32,9 @@ torch::Tensor crops_view(const data::HostBatch& host) {  // [N, 3, S, S] over ho
 }  // namespace
 
 VlmBatch to_tensors(const data::HostBatch& host, const torch::Device& device) {
+  if (host.crops_released) {
+    throw std::logic_error("to_tensors: the batch's crops were released; collate it again");
+  }
   VlmBatch b;
   const std::vector<int64_t> shape{host.rows, host.row_length};
   b.input_ids = to_device(int32_view(host.input_ids, shape), device, torch::kInt64);

@@ -99,8 +99,10 @@ EvalResult evaluate(model::VisionLanguageModel& model, const data::DataSetup& se
     while (!stop()) {
       std::optional<data::LoadedStep> step = loader.next();
       if (!step) break;
-      for (const data::HostBatch& host : step->batches) {
-        if (host.rows == 0 || stop()) continue;
+      while (std::optional<data::HostBatch> taken = step->batches.take()) {
+        const data::HostBatch& host = *taken;
+        if (host.rows == 0) continue;
+        if (stop()) break;  // the step's other batches are dropped with it
         result.samples += host.samples;
         model::VlmBatch batch = model::to_tensors(host, device);
         AutocastScope autocast(options.precision, device);

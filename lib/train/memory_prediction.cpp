@@ -88,13 +88,8 @@ MemoryPredictor::MemoryPredictor(const Config& config, int threads, memory::Devi
   }
 }
 
-PredictedStep MemoryPredictor::predict(const std::vector<data::HostBatch>& batches,
+PredictedStep MemoryPredictor::predict(const std::vector<memory::BatchShape>& shapes,
                                        memory::StepState before) {
-  std::vector<memory::BatchShape> shapes;
-  shapes.reserve(batches.size());
-  for (const auto& batch : batches) {
-    if (batch.rows > 0) shapes.push_back(batch_shape(batch));
-  }
   PredictedStep p;
   p.tensors = memory::predict_step(spec_, shapes, before);
   if (!p.tensors.modelled) {

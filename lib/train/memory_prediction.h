@@ -46,9 +46,9 @@ class MemoryPredictor {
   // training; logs once which entry it uses, or which terms stay uncalibrated.
   MemoryPredictor(const Config& config, int threads, memory::DeviceTarget target);
 
-  // The step over `batches` (this rank's micro-batches, in order), given which gradients and
-  // AdamW moments exist before it. Logs once why a step is not modelled.
-  PredictedStep predict(const std::vector<data::HostBatch>& batches, memory::StepState before);
+  // The step over `shapes` (this rank's micro-batches, in order: StepWork::shapes), given which
+  // gradients and AdamW moments existed before it. Logs once why a step is not modelled.
+  PredictedStep predict(const std::vector<memory::BatchShape>& shapes, memory::StepState before);
 
   // The "run" record of metrics.jsonl (docs/metrics.md): the device, LibTorch, the ranks and
   // the corrections the predictions use; `step` is the step the run starts from.

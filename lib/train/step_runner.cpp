@@ -5,11 +5,13 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "model/batch_tensors.h"
 #include "runtime/memory_stats.h"
 #include "runtime/oom.h"
+#include "train/memory_prediction.h"
 
 namespace vlm::train {
 
@@ -61,20 +63,34 @@ void StepRunner::pre_split(std::vector<data::HostBatch>& sub_batches, int64_t ca
   }
 }
 
-void StepRunner::release(std::vector<std::vector<data::HostBatch>> slots) {
+void StepRunner::on_releaser(std::function<void()> free) {
   if (released_.valid()) released_.wait();
-  auto held = std::make_shared<std::vector<std::vector<data::HostBatch>>>(std::move(slots));
-  released_ = releaser_.submit([held = std::move(held)]() mutable { held.reset(); });
+  released_ = releaser_.submit(std::move(free));
 }
 
-StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int64_t step,
-                         RunState& state) {
-  // One slot per micro-step; a slot holds several sub-batches after OOM splits.
-  std::vector<std::vector<data::HostBatch>> slots;
-  for (auto& batch : batches) {
-    slots.emplace_back();
-    slots.back().push_back(std::move(batch));
-  }
+void StepRunner::release_crops(data::HostBatch& batch) {
+  if (batch.num_crops == 0 || batch.crops_released) return;
+  auto crops = std::make_shared<std::vector<float>>(std::move(batch.crops));
+  auto staged = std::make_shared<std::shared_ptr<const void>>(std::move(batch.staged_crops));
+  batch.crops = {};
+  batch.staged_crops.reset();
+  batch.crops_released = true;
+  on_releaser([crops = std::move(crops), staged = std::move(staged)]() mutable {
+    crops.reset();
+    staged.reset();
+  });
+}
+
+void StepRunner::release(std::vector<std::vector<data::HostBatch>> slots) {
+  auto held = std::make_shared<std::vector<std::vector<data::HostBatch>>>(std::move(slots));
+  on_releaser([held = std::move(held)]() mutable { held.reset(); });
+}
+
+StepWork StepRunner::run(data::StepBatches& batches, double inv_n, int64_t step, RunState& state) {
+  // One slot per micro-step, filled when the micro-step is due; a slot holds several
+  // sub-batches after OOM splits.
+  std::vector<std::vector<data::HostBatch>> slots(static_cast<size_t>(batches.size()));
+  std::vector<memory::BatchShape> shapes;
   int64_t retries = 0;
   for (;;) {
     StepWork work;
@@ -84,11 +100,21 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
     bool oom_anywhere = false;
     std::optional<std::pair<size_t, size_t>> offending;  // (slot, sub-batch) on this rank
     for (size_t slot = 0; slot < slots.size() && !oom_anywhere; ++slot) {
-      pre_split(slots[slot], c_.budget ? c_.budget->in_force(state) : 0);
+      std::vector<data::HostBatch>& subs = slots[slot];
+      if (subs.empty()) {  // the first attempt: the loader's next micro-batch
+        std::optional<data::HostBatch> batch = batches.take();
+        if (!batch) throw std::logic_error("the loader gave fewer micro-batches than its step has");
+        if (batch->rows > 0) shapes.push_back(batch_shape(*batch));
+        subs.push_back(std::move(*batch));
+      }
+      for (data::HostBatch& sub : subs) {  // a redo: collate again what gave its crops back
+        if (sub.crops_released) sub = data::collate_again(sub, c_.collate);
+      }
+      pre_split(subs, c_.budget ? c_.budget->in_force(state) : 0);
       bool oom_here = false;
-      for (size_t k = 0; k < slots[slot].size() && !oom_here; ++k) {
+      for (size_t k = 0; k < subs.size() && !oom_here; ++k) {
         try {
-          run_one(slots[slot][k], inv_n, step, work);
+          run_one(subs[k], inv_n, step, work);
         } catch (const std::exception& e) {
           if (!runtime::is_out_of_memory(e)) throw;
           oom_here = true;
@@ -97,8 +123,11 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
           spdlog::warn(
               "out of memory in micro-step {} ({} rows, {} crops): splitting it and "
               "redoing the step",
-              slot, slots[slot][k].rows, slots[slot][k].num_crops);
+              slot, subs[k].rows, subs[k].num_crops);
         }
+      }
+      if (!oom_here) {
+        for (data::HostBatch& sub : subs) release_crops(sub);
       }
       oom_anywhere = c_.comm->any_rank_flagged(oom_here);
     }
@@ -109,6 +138,7 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
       }
       timer_.collect();
       release(std::move(slots));
+      work.shapes = std::move(shapes);
       return work;
     }
 
@@ -145,6 +175,5 @@ StepWork StepRunner::run(std::vector<data::HostBatch> batches, double inv_n, int
     }
   }
 }
-
 
 }  // namespace vlm::train

@@ -1,12 +1,15 @@
 // Runs the micro-batches of one planned step on this rank, surviving out-of-memory errors.
 //
-// Each micro-batch: forward under autocast, backward of loss_sum / N (N: the whole step's
-// supervised tokens, known from the plan), so gradients accumulate to those of the step's loss.
-// After each micro-step every rank joins one flag all-reduce, so an OOM anywhere is known
-// everywhere at the same point. On OOM: the step's gradients are freed, the cache emptied, the
-// offending micro-batch is re-collated as two halves (by packs, or by samples of a single pack)
-// and the step is redone from its first micro-batch. N is unchanged, so the result is that of
-// smaller micro-batches from the start and no sample is lost.
+// Each micro-batch, taken from the loader as it is needed: forward under autocast, backward of
+// loss_sum / N (N: the whole step's supervised tokens, known from the plan), so gradients
+// accumulate to those of the step's loss. After each micro-step every rank joins one flag
+// all-reduce, so an OOM anywhere is known everywhere at the same point. On OOM: the step's
+// gradients are freed, the cache emptied, the offending micro-batch is re-collated as two halves
+// (by packs, or by samples of a single pack) and the step is redone from its first micro-batch,
+// each collated again from its source (a micro-batch that ran gave its crops back at once, so
+// the host holds the micro-batch in flight and the loader's prefetch, not the whole step). N is
+// unchanged, so the result is that of smaller micro-batches from the start and no sample is
+// lost.
 //
 // Before a micro-batch runs, it is split while its predicted peak exceeds the memory budget in
 // force (train/memory_budget.h); an OOM lowers that budget below the failed micro-batch's
@@ -21,6 +24,8 @@
 
 #include "core/thread_pool.h"
 #include "data/batch/host_batch.h"
+#include "data/batch/loader.h"
+#include "memory/batch_shape.h"
 #include "model/vision_language_model.h"
 #include "runtime/distributed.h"
 #include "runtime/phase_timer.h"
@@ -41,6 +46,9 @@ struct StepWork {
   double forward_ms = 0;
   double backward_ms = 0;
   int64_t oom_retries = 0;  // times the step was redone after an OOM
+  // This rank's micro-batches as the loader gave them (before any split; empty ones left
+  // out), in micro-step order: the step the memory model predicts.
+  std::vector<memory::BatchShape> shapes;
 };
 
 struct StepRunnerContext {
@@ -61,25 +69,30 @@ class StepRunner {
   explicit StepRunner(StepRunnerContext context)
       : c_(std::move(context)), timer_(c_.device) {}
 
-  // Runs step `step` (1-based) over this rank's micro-batches in micro-step order, leaving the
-  // step's gradients accumulated in the parameters. Lowers the learned budget after an OOM.
-  // Throws vlm::Error(kOutOfMemory) when a micro-batch of a single sample does not fit on any
-  // rank; rethrows every other error.
-  StepWork run(std::vector<data::HostBatch> batches, double inv_n, int64_t step, RunState& state);
+  // Runs step `step` (1-based) over this rank's micro-batches in micro-step order, taking each
+  // from `batches` when it is due, and leaves the step's gradients accumulated in the
+  // parameters. Lowers the learned budget after an OOM. Throws vlm::Error(kOutOfMemory) when a
+  // micro-batch of a single sample does not fit on any rank; rethrows every other error (a
+  // loader's among them).
+  StepWork run(data::StepBatches& batches, double inv_n, int64_t step, RunState& state);
 
  private:
   void run_one(const data::HostBatch& batch, double inv_n, int64_t step, StepWork& work);
   // Splits the sub-batches predicted above `cap_bytes` (0: none) while they can be split.
   void pre_split(std::vector<data::HostBatch>& sub_batches, int64_t cap_bytes) const;
-  // Frees a finished step's host batches on releaser_'s thread, after the previous step's.
+  // Hands a batch's crops to releaser_'s thread; the batch keeps its source for a redo.
+  void release_crops(data::HostBatch& batch);
+  // Hands anything else a finished step holds (the batches' sources) to releaser_'s thread.
   void release(std::vector<std::vector<data::HostBatch>> slots);
+  // Runs `free` on releaser_'s thread once what it was given before is freed: at most one
+  // release waits, so the memory is bounded.
+  void on_releaser(std::function<void()> free);
 
   StepRunnerContext c_;
   runtime::PhaseTimer timer_;  // forward and backward times (CUDA: events, runtime/phase_timer.h)
-  // A step's host batches are freed on this thread while the next step runs (at most one
-  // step's wait: bounded memory), off the training thread. On CUDA their crops are pinned
-  // blocks the host allocator keeps (model::pinned_crop_buffers); elsewhere their collated
-  // crops (a 460M row: 189 MB) go back to the system here.
+  // Host memory a micro-batch is done with is freed on this thread, off the training thread.
+  // On CUDA the crops are pinned blocks the host allocator keeps (model::pinned_crop_buffers);
+  // elsewhere the collated crops (a 460M row: 189 MB) go back to the system here.
   ThreadPool releaser_{1};
   std::future<void> released_;
 };

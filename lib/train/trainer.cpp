@@ -19,9 +19,9 @@ bool Trainer::train_step(data::LoadedStep& step, StepMetrics& m) {
   const int64_t n = step.plan.supervised_tokens;
   const double inv_n = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
   optimizer_->set_lr_factor(schedule_->lr_factor(state_.step));
-  const PredictedStep predicted =
-      memory_->predict(step.batches, memory_state());
-  const StepWork work = runner_->run(std::move(step.batches), inv_n, state_.step + 1, state_);
+  const memory::StepState before = memory_state();  // the gradients and moments it meets
+  const StepWork work = runner_->run(step.batches, inv_n, state_.step + 1, state_);
+  const PredictedStep predicted = memory_->predict(work.shapes, before);
 
   runtime::PhaseTimer timer(device_);  // CUDA: event times (runtime/phase_timer.h)
   timer.begin("vlm::allreduce");

@@ -64,7 +64,7 @@ void Trainer::step_metrics(const data::LoadedStep& step, const StepWork& work,
   m.max_micro_batch_crops = totals.max_micro_batch_crops;
   m.supervised_tokens = step.plan.supervised_tokens;
   m.micro_steps = static_cast<int64_t>(step.plan.micro_batches.front().size());
-  m.data_wait_ms = step.wait_ms;
+  m.data_wait_ms = step.wait_ms + step.batches.wait_ms();  // for the plan, then its batches
   m.forward_ms = work.forward_ms;
   m.backward_ms = work.backward_ms;
   m.oom_retries += work.oom_retries;

@@ -1,7 +1,8 @@
-// The data pipeline end to end on generated data: sample builder, planning pipeline, loader,
-// host collation, worst-case analysis.
+// The data pipeline end to end on generated data: sample builder, planning pipeline and
+// worst-case analysis (the loader and collation: test_loader.cpp).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -16,38 +17,18 @@
 #include "data/batch/loader.h"
 #include "data/data_setup.h"
 #include "data/demo/demo_data.h"
+#include "data/demo_fixture.h"
 #include "data/image/image_encode.h"
 #include "data/packing/worst_case.h"
 #include "spec/image_tokens.h"
 #include "support/test_support.h"
 
 using namespace vlm::data;
+using vlm::test::DemoFixture;
 using vlm::test::TempDir;
 using vlm::test::write_file;
 
 namespace {
-
-// A small demo dataset and a config over it (tiny model, 64-px crops, 128-px images).
-struct DemoFixture {
-  TempDir dir{"vlmpipe"};
-  vlm::Config config;
-
-  explicit DemoFixture(int64_t samples = 120, std::vector<std::string> overrides = {}) {
-    DemoDataOptions options;
-    options.out_dir = (dir / "demo").string();
-    options.train_samples = samples;
-    options.val_samples = 20;
-    options.seed = 3;
-    write_demo_dataset(options);
-    overrides.insert(
-        overrides.begin(),
-        {"data.train=[{path: " + (dir / "demo/train.jsonl").string() + "}]",
-         "data.validation=[{path: " + (dir / "demo/val.jsonl").string() + "}]",
-         "data.max_img_size=128", "packing.max_seq_len=512", "data.max_sample_length=512",
-         "packing.buffer_samples=32", "data.workers=1", "data.prefetch_batches=1"});
-    config = vlm::load_config("", overrides).config;
-  }
-};
 
 std::vector<uint64_t> ids_of(const StepPlan& plan, int64_t rank) {
   std::vector<uint64_t> ids;
@@ -289,98 +270,6 @@ TEST_CASE("a cursor whose saved packs break the pack limits is refused on restor
   CHECK(refused(cursor) == "accepted");
 }
 
-TEST_CASE("the loader collates rows, crops and labels consistently") {
-  DemoFixture fixture(60, {"train.batch_size=2", "train.gradient_accumulation_steps=3"});
-  DataSetup setup(fixture.config, 1);
-  auto pipeline = setup.training_pipeline();
-  LoaderOptions options = setup.loader_options(0);
-  Loader loader(*pipeline, options);  // prefetch 1 < 3 micro-steps: must not stall
-  for (int s = 0; s < 3; ++s) {
-    const auto step = loader.next();
-    REQUIRE(step);
-    REQUIRE(step->batches.size() == 3);
-    int64_t supervised = 0;
-    for (const HostBatch& b : step->batches) {
-      const int64_t cells = b.rows * b.row_length;
-      CHECK(b.row_length % 8 == 0);
-      CHECK(static_cast<int64_t>(b.input_ids.size()) == cells);
-      CHECK(b.cu_seqlens.front() == 0);
-      CHECK(b.cu_seqlens.back() == cells);
-      CHECK(std::is_sorted(b.cu_seqlens.begin(), b.cu_seqlens.end()));
-      for (int64_t r = 1; r < b.rows; ++r) {  // every row start is a boundary
-        CHECK(std::count(b.cu_seqlens.begin(), b.cu_seqlens.end(), r * b.row_length) == 1);
-      }
-      CHECK(static_cast<int64_t>(b.crops.size()) == b.num_crops * 3 * 64 * 64);
-      CHECK(static_cast<int64_t>(b.image_token_index.size()) ==
-            b.num_crops * options.collate.image_tokens_per_crop);
-      for (size_t i = 1; i < b.image_token_index.size(); ++i) {
-        CHECK(b.image_token_index[i] > b.image_token_index[i - 1]);
-      }
-      // Positions restart at 0 at every sample boundary.
-      for (size_t k = 0; k + 1 < b.cu_seqlens.size(); ++k)
-        CHECK(b.position_ids[b.cu_seqlens[k]] == 0);
-      // Crops are normalised pixels: within [-1, 1] for mean = std = 0.5.
-      for (const float v : b.crops) {
-        REQUIRE(v >= -1.0f);
-        REQUIRE(v <= 1.0f);
-      }
-      supervised += b.supervised_tokens;
-    }
-    CHECK(supervised == step->plan.supervised_tokens);
-  }
-  CHECK(loader.peak_host_bytes() > 0);
-}
-
-// CollateOptions::crop_buffer (the trainer's pinned memory on CUDA): the crops go to the given
-// memory, every float written, bitwise those of the default path; an image that no longer
-// decodes at collation leaves its crops zero there too, whatever the memory held.
-TEST_CASE("crops collated into a given buffer equal the default path's, every float written") {
-  DemoFixture fixture(40, {"train.batch_size=2"});
-  DataSetup setup(fixture.config, 1);
-  auto pipeline = setup.training_pipeline();
-  const auto planned = pipeline->next_step();
-  REQUIRE(planned);
-  const MicroBatch& micro = planned->plan.micro_batches.at(0).at(0);
-  std::vector<std::shared_ptr<const BuiltSample>> samples;
-  for (const Pack& pack : micro.packs) {
-    for (const PackItem& item : pack.items) samples.push_back(pipeline->sample(item.sample_id));
-  }
-  const CollateOptions plain = setup.loader_options(0).collate;
-  CollateOptions given = plain;
-  int calls = 0;
-  given.crop_buffer = [&calls](size_t floats) {
-    ++calls;  // memory full of NaN: a float the collator skips stays NaN
-    auto memory =
-        std::make_shared<std::vector<float>>(floats, std::numeric_limits<float>::quiet_NaN());
-    return CropBuffer{memory->data(), memory};
-  };
-  const auto as_floats = [](const HostBatch& b) {
-    const float* data = static_cast<const std::vector<float>*>(b.staged_crops.get())->data();
-    return std::vector<float>(data, data + b.num_crops * 3 * b.crop_size * b.crop_size);
-  };
-
-  const HostBatch expected = collate_host_batch(micro, samples, plain);
-  REQUIRE(expected.num_crops > 0);
-  CHECK_FALSE(expected.staged_crops);
-  const HostBatch b = collate_host_batch(micro, samples, given);
-  CHECK(calls == 1);
-  CHECK(b.crops.empty());
-  REQUIRE(b.staged_crops);
-  const std::vector<float> crops = as_floats(b);
-  REQUIRE(crops.size() == expected.crops.size());
-  CHECK(std::memcmp(crops.data(), expected.crops.data(), crops.size() * sizeof(float)) == 0);
-  CHECK(host_batch_bytes(b) == host_batch_bytes(expected));  // the loader's account
-
-  // Every image unreadable now: blank (zero) crops, no loss, in the given memory as well.
-  for (const auto& sample : samples) {
-    for (const std::string& path : sample->image_paths) write_file(path, "not an image");
-  }
-  const HostBatch broken = collate_host_batch(micro, samples, given);
-  CHECK(broken.undecodable_images > 0);
-  CHECK(broken.supervised_tokens < expected.supervised_tokens);
-  for (const float v : as_floats(broken)) REQUIRE(v == 0.0f);
-}
-
 TEST_CASE("a missing or corrupt image skips its sample with a reason, the run goes on") {
   TempDir dir;
   const std::string png = (dir / "ok.png").string();
@@ -503,6 +392,31 @@ TEST_CASE("most samples dropped by the limits: one warning naming the limit, and
   CHECK(seen >= 40);
   CHECK(pipeline->dropped_fraction() == Approx(double(dropped) / double(seen)));
   CHECK(pipeline->dropped_fraction() > 0.5);
+}
+
+// The warning is said once per DataSetup's validation passes (a run evaluates many times),
+// and never by a pipeline told to keep quiet (estimate-memory's candidate configs).
+TEST_CASE("the drop warning: once over a run's validation passes, never from a quiet pipeline") {
+  TempDir dir;
+  const vlm::Config mixed = mixed_lengths_config(dir, 10, 30);
+  vlm::Config config = mixed;
+  config.data.validation = config.data.train;
+  DataSetup setup(config, 1);
+  LogCapture log;
+  for (int pass = 0; pass < 3; ++pass) {
+    auto validation = setup.validation_pipeline();
+    while (validation->next_step()) {
+    }
+    CHECK(validation->dropped_fraction() > 0.5);
+  }
+  CHECK(log.count("% of the samples are dropped by the limits") == 1);
+  auto quiet = setup.training_pipeline();
+  quiet->share_drop_warning(std::make_shared<std::atomic<bool>>(true));
+  for (int step = 0; step < 5; ++step) REQUIRE(quiet->next_step());
+  CHECK(log.count("% of the samples are dropped by the limits") == 1);
+  auto loud = setup.training_pipeline();
+  for (int step = 0; step < 5; ++step) REQUIRE(loud->next_step());
+  CHECK(log.count("% of the samples are dropped by the limits") == 2);
 }
 
 TEST_CASE("fewer than half of the samples dropped: no warning") {

@@ -74,13 +74,15 @@ CATCH_TEST_CASE("a step's host batches are freed on the runner's thread by the n
     train::RunState state;
     std::vector<data::HostBatch> step1;
     step1.push_back(text_batch(model->spec(), first));
-    const train::StepWork work = runner.run(std::move(step1), 1.0 / 7, 1, state);
+    data::StepBatches batches1 = data::StepBatches::ready(std::move(step1));
+    const train::StepWork work = runner.run(batches1, 1.0 / 7, 1, state);
     CATCH_CHECK(std::isfinite(work.loss_sum));
     CATCH_CHECK(work.loss_sum > 0);
 
     std::vector<data::HostBatch> step2;
     step2.push_back(text_batch(model->spec(), second));
-    runner.run(std::move(step2), 1.0 / 7, 2, state);
+    data::StepBatches batches2 = data::StepBatches::ready(std::move(step2));
+    runner.run(batches2, 1.0 / 7, 2, state);
     // The first step's batches are gone once the second step has run, freed elsewhere.
     CATCH_CHECK(first.freed);
     CATCH_CHECK(first.thread != std::this_thread::get_id());

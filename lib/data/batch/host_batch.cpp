@@ -150,6 +150,10 @@ std::optional<std::pair<MicroBatch, MicroBatch>> split_micro_batch(const MicroBa
   return std::nullopt;
 }
 
+HostBatch collate_again(const HostBatch& batch, const CollateOptions& options) {
+  return collate_host_batch(batch.source, batch.source_samples, options);
+}
+
 std::optional<std::pair<HostBatch, HostBatch>> split_host_batch(const HostBatch& batch,
                                                                 const CollateOptions& options) {
   const auto halves = split_micro_batch(batch.source);

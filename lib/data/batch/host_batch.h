@@ -51,6 +51,9 @@ struct HostBatch {
   // Where the batch came from, so it can be split and collated again after an OOM.
   MicroBatch source;
   std::vector<std::shared_ptr<const BuiltSample>> source_samples;
+  // The crops were handed away once the batch had run (train::StepRunner): collate_again
+  // before using it again.
+  bool crops_released = false;
 
   int64_t padding_tokens() const { return rows * row_length - tokens; }
 };
@@ -86,6 +89,10 @@ HostBatch collate_host_batch(const MicroBatch& micro,
 // samples into two packs (each sample still attends only to itself, so the loss is the same).
 // nullopt when it is one sample and cannot be split.
 std::optional<std::pair<MicroBatch, MicroBatch>> split_micro_batch(const MicroBatch& micro);
+
+// `batch` collated again from its source with the options it was collated with: the same
+// batch, bit for bit (a step redone after an OOM, once its crops were released).
+HostBatch collate_again(const HostBatch& batch, const CollateOptions& options);
 
 // The two halves of `batch`, collated again from its source (see split_micro_batch).
 std::optional<std::pair<HostBatch, HostBatch>> split_host_batch(const HostBatch& batch,

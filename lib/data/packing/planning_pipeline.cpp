@@ -19,6 +19,7 @@ PlanningPipeline::PlanningPipeline(std::unique_ptr<ItemSource> source, PlanningO
 
 std::optional<Pack> PlanningPipeline::next_pack() {
   for (;;) {
+    if (stopped_.load(std::memory_order_relaxed)) throw PlanningStopped();
     if (std::optional<Pack> pack = packer_.pop()) return pack;
     if (source_done_) return std::nullopt;
     std::optional<PackItem> item = source_->next();
@@ -49,7 +50,7 @@ double PlanningPipeline::dropped_fraction() const {
 }
 
 void PlanningPipeline::warn_if_mostly_dropped() {
-  if (warned_mostly_dropped_) return;
+  if (drop_warning_said_->load()) return;
   const int64_t dropped = filter_.drops().total();
   const int64_t seen = dropped + filter_.kept();
   const uint64_t pass = source_->pass_size();
@@ -57,7 +58,7 @@ void PlanningPipeline::warn_if_mostly_dropped() {
   if (!whole_pass || seen == 0 || 2 * dropped <= seen) return;
   // An endless source with nothing kept is about to stop with no_sample_fits() instead.
   if (pass > 0 && filter_.kept() == 0) return;
-  warned_mostly_dropped_ = true;
+  if (drop_warning_said_->exchange(true)) return;
   // The limit that dropped the most samples binds.
   static constexpr struct {
     DropReason reason;

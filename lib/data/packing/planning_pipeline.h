@@ -8,6 +8,8 @@
 // the loader plans ahead of training, so the live state is not the one to save.
 #pragma once
 
+#include <atomic>
+#include <exception>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,12 +33,29 @@ struct PlannedStep {
   nlohmann::json cursor_after;  // restore() with this to continue after this step
 };
 
+// Thrown by next_step() once stop() was called.
+struct PlanningStopped : std::exception {
+  const char* what() const noexcept override { return "planning stopped"; }
+};
+
 class PlanningPipeline {
  public:
   PlanningPipeline(std::unique_ptr<ItemSource> source, PlanningOptions options);
 
   // The next step's plan; nullopt once a finite source is exhausted and everything is planned.
   std::optional<PlannedStep> next_step();
+
+  // Makes a next_step() running on another thread (or the next one) throw PlanningStopped
+  // within one sample, for a loader going away (a stop signal, the run's end): the step in the
+  // making is not needed. The pipeline plans nothing more; its counts stay readable.
+  void stop() { stopped_.store(true, std::memory_order_relaxed); }
+
+  // The "most samples dropped by the limits" warning is said once for all pipelines sharing
+  // `said` (a run's validation passes; set it true to keep a pipeline quiet: estimate-memory's
+  // candidate configs).
+  void share_drop_warning(std::shared_ptr<std::atomic<bool>> said) {
+    drop_warning_said_ = std::move(said);
+  }
 
   // Samples of planned steps stay available for collation until released.
   std::shared_ptr<const BuiltSample> sample(uint64_t sample_id) const {
@@ -76,11 +95,13 @@ class PlanningPipeline {
 
   int64_t next_step_ = 0;
   bool source_done_ = false;
+  std::atomic<bool> stopped_{false};
   // Progress proof: samples dropped by the limits since the last kept one, and the smallest
   // of them (by tokens), for the error when a whole pass of an endless source is dropped.
   uint64_t dropped_in_a_row_ = 0;
   std::optional<PackItem> smallest_dropped_;
-  bool warned_mostly_dropped_ = false;
+  std::shared_ptr<std::atomic<bool>> drop_warning_said_ =
+      std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace vlm::data

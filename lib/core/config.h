@@ -245,6 +245,13 @@ void visit_fields(V& v, LearningRates& c) {
   v.field(c.language, "language", "Peak learning rate of the language model.", RealRange{0, 10});
 }
 
+// The most packs one optimizer step may hold over all ranks (ranks x gradient_accumulation_steps
+// x batch_size, or global_batch_size with batch_size auto): 65,536 packs of 4,096 tokens are
+// 268M tokens a step, 16x the largest published LLM batches. Every rank plans every rank's
+// micro-batches, at about 3,500 packs/s on one core (docs/limits.md), so the limit keeps a
+// plan to seconds.
+inline constexpr int64_t kMaxPacksPerStep = 65536;
+
 struct TrainConfig {
   int64_t batch_size = 4;  // 0: auto (micro-batches sized by the memory budget)
   int64_t gradient_accumulation_steps = 1;
@@ -289,7 +296,7 @@ void visit_fields(V& v, TrainConfig& c) {
   v.field(c.global_batch_size, "global_batch_size",
           "Packs per optimizer step over all ranks, with batch_size auto (required there); "
           "with a fixed batch_size it is batch_size x gradient_accumulation_steps x ranks.",
-          IntRange{0, 1 << 24});
+          IntRange{0, kMaxPacksPerStep});
   v.field(c.max_crops_per_micro_batch, "max_crops_per_micro_batch",
           "ViT crops per micro-batch; 0 = no cap.", IntRange{0, 1 << 24});
   v.field(c.max_steps, "max_steps", "Optimizer steps to train.", IntRange{1, INT64_MAX});

@@ -147,6 +147,14 @@ void check_train(const Config& c, Checker& check) {
                       " does not apply with train.batch_size auto: each step takes as many "
                       "micro-steps as its train.global_batch_size packs need; remove it");
   } else {
+    check.require(
+        t.batch_size * t.gradient_accumulation_steps <= kMaxPacksPerStep,
+        "train.gradient_accumulation_steps",
+        "train.batch_size x train.gradient_accumulation_steps = " + std::to_string(t.batch_size) +
+            " x " + std::to_string(t.gradient_accumulation_steps) +
+            " packs a step on each rank, "
+            "more than the " +
+            std::to_string(kMaxPacksPerStep) + " packs a step may hold (docs/limits.md)");
     check.require(t.global_batch_size == 0, "train.global_batch_size",
                   "train.global_batch_size is for train.batch_size auto; with train.batch_size = " +
                       std::to_string(t.batch_size) +

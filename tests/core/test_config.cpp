@@ -352,3 +352,14 @@ TEST_CASE("train.batch_size auto: read, printed and checked against global_batch
   CHECK(error_of("train:\n  batch_size: Auto\n") ==
         "FILE:2:15: train.batch_size: expected an integer or auto, got 'Auto'");
 }
+
+// A step holds at most 65,536 packs (core/config.h): a plan of more took minutes to an hour.
+TEST_CASE("a step of more packs than the limit is refused at the key that makes it") {
+  CHECK(error_of("train:\n  batch_size: 256\n  gradient_accumulation_steps: 512\n") ==
+        "FILE:3:32: train.batch_size x train.gradient_accumulation_steps = 256 x 512 packs a "
+        "step on each rank, more than the 65536 packs a step may hold (docs/limits.md)");
+  CHECK(error_of("train:\n  batch_size: 256\n  gradient_accumulation_steps: 256\n") == "no error");
+  CHECK(error_of("train:\n  batch_size: auto\n  global_batch_size: 16777216\n")
+            .find("FILE:3:22: train.global_batch_size") == 0);
+  CHECK(error_of("train:\n  batch_size: auto\n  global_batch_size: 65536\n") == "no error");
+}

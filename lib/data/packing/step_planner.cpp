@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 #include <stdexcept>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "core/config.h"
 #include "core/error.h"
 
 namespace vlm::data {
@@ -40,9 +43,8 @@ void StepPlannerOptions::validate() const {
   require(ranks >= 1, "ranks (world size) must be >= 1");
   require(micro_steps >= 1, "gradient_accumulation_steps must be >= 1");
   require(batch_size >= 0, "batch_size must be >= 1, or 0 for auto");
-  // Every rank plans every rank's micro-batches: past a few million packs per step a plan is
-  // not a plan but a hang (and the product can overflow).
-  constexpr int64_t kMaxPacksPerStep = int64_t{1} << 24;
+  // Every rank plans every rank's micro-batches: the packs of a step are bounded so that a
+  // plan takes seconds (core/config.h).
   if (auto_batch()) {
     require(global_batch >= 1 && global_batch <= kMaxPacksPerStep,
             "batch_size auto needs a global batch of 1 to " + std::to_string(kMaxPacksPerStep) +
@@ -52,7 +54,9 @@ void StepPlannerOptions::validate() const {
   require(auto_batch() || ranks <= kMaxPacksPerStep / micro_steps / batch_size,
           "ranks x gradient_accumulation_steps x batch_size = " + std::to_string(ranks) + " x " +
               std::to_string(micro_steps) + " x " + std::to_string(batch_size) +
-              " packs per step is more than " + std::to_string(kMaxPacksPerStep));
+              " packs per step is more than the " + std::to_string(kMaxPacksPerStep) +
+              " a step may hold (docs/limits.md): fewer ranks, micro-steps or rows per "
+              "micro-batch");
   require(max_crops_per_micro_batch >= 0, "max_crops_per_micro_batch must be >= 0 (0 = none)");
   require(max_micro_batch_bytes >= 0, "the micro-batch byte cap must be >= 0 (0 = none)");
   require(max_micro_batch_bytes == 0 || static_cast<bool>(predict_bytes),
@@ -110,53 +114,59 @@ bool fits_alone(const StepPlannerOptions& o, const Pack& pack) {
                            " samples, " + std::to_string(pack.tokens) + " tokens and " +
                            std::to_string(pack.crops) + " crops does not fit an empty micro-batch";
   if (o.max_crops_per_micro_batch > 0 && pack.crops > o.max_crops_per_micro_batch) {
-    throw ConfigError(what + ": train.max_crops_per_micro_batch = " +
-                      std::to_string(o.max_crops_per_micro_batch) +
-                      "; raise it or lower packing.max_crops_per_pack");
+    throw PackFitsNoMicroBatch(what + ": train.max_crops_per_micro_batch = " +
+                                   std::to_string(o.max_crops_per_micro_batch) +
+                                   "; raise it or lower packing.max_crops_per_pack",
+                               false);
   }
   const std::vector<const Pack*> alone{&pack};
   const int64_t bytes = o.predict_bytes ? o.predict_bytes(alone) : 0;
-  throw ConfigError(what + ": its predicted peak, " + std::to_string(bytes) +
-                    " bytes, exceeds the micro-batch memory budget of " +
-                    std::to_string(o.max_micro_batch_bytes) +
-                    " bytes (memory.device_memory x (1 - memory.safety_margin)); lower "
-                    "packing.max_seq_len or data.max_img_size, enable activation checkpointing, "
-                    "or run `vlmtrain estimate-memory` for settings that fit");
+  throw PackFitsNoMicroBatch(
+      what + ": its predicted peak, " + std::to_string(bytes) +
+          " bytes, exceeds the micro-batch memory budget of " +
+          std::to_string(o.max_micro_batch_bytes) +
+          " bytes (memory.device_memory x (1 - memory.safety_margin)); lower "
+          "packing.max_seq_len or data.max_img_size, enable activation checkpointing, "
+          "or run `vlmtrain estimate-memory` for settings that fit",
+      true);
 }
 
 // batch_size auto: the micro-batches of a rank a pack tries before a new one is opened.
 constexpr size_t kAutoTries = 4;
 
+// Places packs on (rank, micro-batch) slots: the least loaded rank first, then its cheapest
+// micro-batch that can take the pack, the lowest index first among equal costs. Both orders are
+// kept in ordered sets, so a pack costs O(log(ranks x micro-steps)) where the first candidates
+// take it, not a sort of every rank and micro-batch (a step of 131,072 packs over 65,536 ranks
+// took minutes); a micro-batch full by count, and a rank whose micro-batches all are, leave
+// their sets.
 class SlotAssigner {
  public:
   explicit SlotAssigner(const StepPlannerOptions& o) : o_(o) {
     // batch_size auto: each rank's micro-batches are opened as the packs need them.
     plan_.micro_batches.assign(o.ranks, std::vector<MicroBatch>(o.auto_batch() ? 0 : o.micro_steps));
     rank_costs_.assign(o.ranks, 0.0);
+    open_.resize(o.ranks);
+    for (int64_t rank = 0; rank < o.ranks; ++rank) {
+      for (size_t i = 0; i < plan_.micro_batches[rank].size(); ++i) open_[rank].insert({0.0, i});
+      if (takes_packs(rank)) ranks_.insert({0.0, rank});
+    }
   }
 
   // Places `pack` (cost `cost`) or returns false when no slot can take it.
   bool place(const Pack& pack, double cost) {
-    std::vector<int64_t> ranks(o_.ranks);
-    std::iota(ranks.begin(), ranks.end(), 0);
-    std::stable_sort(ranks.begin(), ranks.end(),
-                     [&](int64_t a, int64_t b) { return rank_costs_[a] < rank_costs_[b]; });
-    for (int64_t rank : ranks) {
-      std::vector<MicroBatch>& slots = plan_.micro_batches[rank];
-      // The cheapest micro-batch that can take the pack (the first in index order among equal
-      // costs): tried cheapest first, so a prediction is made only until one fits.
-      std::vector<size_t> order(slots.size());
-      std::iota(order.begin(), order.end(), size_t{0});
-      std::stable_sort(order.begin(), order.end(),
-                       [&](size_t a, size_t b) { return slots[a].cost < slots[b].cost; });
+    for (const auto& by_cost : ranks_) {
+      const int64_t rank = by_cost.second;
+      // The cheapest micro-batch that can take the pack: tried cheapest first, so a prediction
+      // is made only until one fits.
       size_t tried = 0;
-      for (size_t i : order) {
+      for (const auto& slot : open_[rank]) {
         // batch_size auto: when the cheapest few cannot take the pack, the fuller ones will
         // hardly do better; each try is a prediction, so a new micro-batch is opened instead.
         if (o_.auto_batch() && tried++ == kAutoTries) break;
         int64_t bytes = 0;
-        if (!fits_into(o_, slots[i], pack, bytes)) continue;
-        add(rank, slots[i], pack, cost, bytes);
+        if (!fits_into(o_, plan_.micro_batches[rank][slot.second], pack, bytes)) continue;
+        add(rank, slot.second, pack, cost, bytes);  // changes the sets: return at once
         return true;
       }
       if (o_.auto_batch()) {
@@ -164,8 +174,10 @@ class SlotAssigner {
         // stay balanced by cost, the micro-steps grow as the packs need.
         int64_t bytes = 0;
         if (!fits_into(o_, MicroBatch{}, pack, bytes)) return false;
+        std::vector<MicroBatch>& slots = plan_.micro_batches[rank];
         slots.emplace_back();
-        add(rank, slots.back(), pack, cost, bytes);
+        open_[rank].insert({0.0, slots.size() - 1});
+        add(rank, slots.size() - 1, pack, cost, bytes);
         return true;
       }
     }
@@ -181,7 +193,10 @@ class SlotAssigner {
   }
 
  private:
-  void add(int64_t rank, MicroBatch& mb, const Pack& pack, double cost, int64_t bytes) {
+  void add(int64_t rank, size_t slot, const Pack& pack, double cost, int64_t bytes) {
+    MicroBatch& mb = plan_.micro_batches[rank][slot];
+    open_[rank].erase({mb.cost, slot});
+    ranks_.erase({rank_costs_[rank], rank});
     mb.packs.push_back(pack);
     mb.shape.add(pack);
     mb.cost += cost;
@@ -189,11 +204,21 @@ class SlotAssigner {
     rank_costs_[rank] += cost;
     plan_.supervised_tokens += pack.supervised;
     ++plan_.packs;
+    if (o_.auto_batch() || static_cast<int64_t>(mb.packs.size()) < o_.batch_size) {
+      open_[rank].insert({mb.cost, slot});
+    }
+    if (takes_packs(rank)) ranks_.insert({rank_costs_[rank], rank});
   }
+
+  // batch_size auto opens micro-batches as needed; a fixed one needs a micro-batch not full.
+  bool takes_packs(int64_t rank) const { return o_.auto_batch() || !open_[rank].empty(); }
 
   const StepPlannerOptions& o_;
   StepPlan plan_;
   std::vector<double> rank_costs_;
+  // Ordered by (cost, index), as a stable sort by cost orders them.
+  std::set<std::pair<double, int64_t>> ranks_;             // the ranks that take packs
+  std::vector<std::set<std::pair<double, size_t>>> open_;  // per rank, micro-batches not full
 };
 
 }  // namespace

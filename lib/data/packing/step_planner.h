@@ -22,10 +22,13 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/error.h"
 #include "data/packing/pack_item.h"
 
 namespace vlm::data {
@@ -111,6 +114,19 @@ struct StepPlan {
 struct PlanResult {
   StepPlan plan;
   std::vector<Pack> deferred;  // wait for the next step, in order
+};
+
+// A pack that no micro-batch can take under the caps, even alone (it would wait forever): the
+// config error plan_step throws, which estimate-memory reads as "does not fit".
+class PackFitsNoMicroBatch : public ConfigError {
+ public:
+  PackFitsNoMicroBatch(std::string message, bool over_budget)
+      : ConfigError(std::move(message)), over_budget_(over_budget) {}
+  // Its predicted bytes exceed the micro-batch budget (else: train.max_crops_per_micro_batch).
+  bool over_budget() const { return over_budget_; }
+
+ private:
+  bool over_budget_;
 };
 
 // Plans one step from `waiting` (left over from earlier steps, placed first, in order) and

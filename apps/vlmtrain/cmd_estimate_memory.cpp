@@ -155,6 +155,8 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   // A CPU target is held to what train would accept there.
   train::require_precision_on(train::parse_precision(config.train.precision), cuda,
                               loaded.where("train.precision"));
+  // A step of more packs than train would plan over these ranks is refused as train refuses it.
+  data::planning_options(config, args.ranks).planner.validate();
   report.worst = estimate::estimate_worst_case(config, cuda, args.ranks);
   if (const std::string why = estimate::unmodelled_torch(torch); !why.empty()) {
     report.worst.modelled = false;
@@ -183,21 +185,35 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
     if (!memory.why_not().empty()) return {};
     return {memory.planner_hook(target->budget_bytes()), target->budget_bytes()};
   };
+  // Many ranks: a sample of them is planned (estimate::ranks_to_plan); the budget and the
+  // memory spec keep them all.
   estimate::PlanFactory plan;
   if (args.data) {
     plan = [setups, ranks = args.ranks, cap_for](const Config& c) {
-      setups->push_back(std::make_unique<data::DataSetup>(c, ranks, cap_for(c)));
+      const estimate::PlannedRanks planned = estimate::ranks_to_plan(c, ranks);
+      setups->push_back(
+          std::make_unique<data::DataSetup>(planned.config, planned.ranks, cap_for(c)));
       return setups->back()->training_pipeline();
     };
   } else if (!args.lengths.empty()) {
     plan = [path = args.lengths, ranks = args.ranks, cap_for](const Config& c) {
-      return data::length_pipeline(c, ranks, path, cap_for(c));
+      const estimate::PlannedRanks planned = estimate::ranks_to_plan(c, ranks);
+      return data::length_pipeline(planned.config, planned.ranks, path, cap_for(c));
     };
   }
   if (plan && report.worst.modelled) {
-    std::unique_ptr<data::PlanningPipeline> pipeline = plan(config);
-    report.typical = estimate::estimate_typical(report.worst.spec, *pipeline, args.steps);
-    report.typical_source = args.data ? "datasets" : args.lengths;
+    try {
+      std::unique_ptr<data::PlanningPipeline> pipeline = plan(config);
+      report.typical = estimate::estimate_typical(report.worst.spec, *pipeline, args.steps);
+      report.typical->planned_ranks = estimate::ranks_to_plan(config, args.ranks).ranks;
+      report.typical_source = args.data ? "datasets" : args.lengths;
+    } catch (const data::PackFitsNoMicroBatch& e) {
+      // batch_size auto holds every micro-batch to the target's budget: a pack over it alone
+      // is this command's answer (it does not fit, exit 6 with --check), not a broken config.
+      if (!e.over_budget()) throw;
+      report.typical.reset();
+      report.caveats.push_back(std::string("no typical peaks: ") + e.what());
+    }
   }
 
   const auto result_for = [&](const estimate::Target& t) {

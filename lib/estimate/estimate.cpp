@@ -130,6 +130,19 @@ Distribution distribution(std::vector<int64_t> values) {
   return d;
 }
 
+PlannedRanks ranks_to_plan(const Config& config, int64_t ranks, int64_t max_micro_batches) {
+  PlannedRanks planned{ranks, config};
+  const TrainConfig& t = config.train;
+  // Micro-batches a rank plans at most: its micro-steps, or with auto its share's packs.
+  const int64_t share = t.batch_size_auto() ? (t.global_batch_size + ranks - 1) / ranks
+                                            : t.gradient_accumulation_steps;
+  planned.ranks = std::clamp<int64_t>(max_micro_batches / std::max<int64_t>(share, 1), 1, ranks);
+  if (t.batch_size_auto() && planned.ranks < ranks) {
+    planned.config.train.global_batch_size = std::min(t.global_batch_size, planned.ranks * share);
+  }
+  return planned;
+}
+
 TypicalEstimate estimate_typical(const memory::MemorySpec& spec, data::PlanningPipeline& pipeline,
                                  int64_t max_steps, int64_t max_micro_batches) {
   TypicalEstimate t;

@@ -115,6 +115,7 @@ struct TypicalEstimate {
   int64_t steps = 0;
   int64_t micro_batches = 0;
   int64_t stopped_at = 0;  // max_micro_batches when that stopped the planning, else 0
+  int64_t planned_ranks = 0;  // the ranks planned (PlannedRanks), of Report::ranks
   int64_t unmodelled = 0;  // micro-batches the memory model does not cover (why_not)
   std::string why_not;
   // Per micro-batch: the tensor peak of a later step (gradients and moments live) whose
@@ -128,6 +129,20 @@ struct TypicalEstimate {
 // predicted (the step that reaches it planned whole). It bounds `estimate-memory --steps` at
 // its maximum (10^6) to seconds (issue 29, class 2).
 inline constexpr int64_t kMaxTypicalMicroBatches = 2000;
+
+// Typical peaks plan a sample of the ranks when one step of all of them would hold more than
+// kMaxTypicalMicroBatches micro-batches (65,536 ranks: minutes and gigabytes for one step).
+// Every rank's micro-batches are formed alike: a fixed batch size gives each rank
+// gradient_accumulation_steps micro-batches of batch_size packs, batch_size auto gives each its
+// share of the global batch, sized by the same budget. So `ranks` of them with the same share
+// each give micro-batches of the same kind; the memory spec keeps every rank (the gradient
+// all-reduce).
+struct PlannedRanks {
+  int64_t ranks = 1;
+  Config config;  // batch_size auto: global_batch_size cut to the planned ranks' shares
+};
+PlannedRanks ranks_to_plan(const Config& config, int64_t ranks,
+                           int64_t max_micro_batches = kMaxTypicalMicroBatches);
 
 // Plans up to `max_steps` steps (0: until the source ends) with `pipeline`, and no new step once
 // `max_micro_batches` micro-batches were planned, and predicts every micro-batch of every rank.

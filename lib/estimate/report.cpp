@@ -197,6 +197,7 @@ json to_json(const Report& r) {
     j["typical"] = {{"source", r.typical_source},
                     {"steps", r.typical->steps},
                     {"micro_batches", r.typical->micro_batches},
+                    {"planned_ranks", r.typical->planned_ranks},
                     {"stopped_at_micro_batches", r.typical->stopped_at > 0
                                                      ? nlohmann::json(r.typical->stopped_at)
                                                      : nlohmann::json(nullptr)},
@@ -314,6 +315,10 @@ std::string to_text(const Report& r, bool bars) {
     const Distribution d = r.typical->tensors();
     out << "\ntypical micro-batches (" << r.typical_source << ": " << r.typical->steps << " steps, "
         << r.typical->micro_batches << " micro-batches"
+        << (r.typical->planned_ranks > 0 && r.typical->planned_ranks < r.ranks
+                ? " of " + std::to_string(r.typical->planned_ranks) + " of the " +
+                      std::to_string(r.ranks) + " ranks, a sample"
+                : std::string())
         << (r.typical->stopped_at > 0
                 ? "; planning stopped at " + std::to_string(r.typical->stopped_at) + ", a sample"
                 : std::string())

@@ -211,6 +211,18 @@ DeviceBreakdown DeviceLayers::at(int64_t tensor_peak) const {
   const double above = static_cast<double>(uncalibrated - tensor_static);
   b.allocated = tensor_static + llround_bytes(corrections.activation_scale * above) +
                 corrections.allocated_offset_bytes;
+  if (b.allocated < tensor_static) {
+    // The model states are live at every moment of a step: a correction that takes the peak
+    // below them was fitted on another kind of run, and its answer would be "fits" for anything.
+    throw ConfigError(
+        "memory.calibration: the entry for " + target_.device_key() + " / LibTorch " +
+        target_.torch.str() + " (activation_scale " + std::to_string(corrections.activation_scale) +
+        ", allocated_offset_bytes " + std::to_string(corrections.allocated_offset_bytes) +
+        ") brings a predicted peak of " + std::to_string(uncalibrated) + " bytes to " +
+        std::to_string(b.allocated) + ", below the model states' " + std::to_string(tensor_static) +
+        " bytes: it was fitted on another kind of run; refit it (vlmtrain calibrate-memory) or "
+        "leave memory.calibration empty");
+  }
   b.calibration = b.allocated - uncalibrated;
   b.reserved = b.allocated;
   b.device = b.allocated;

@@ -258,3 +258,20 @@ TEST_CASE("device terms: corrections scale the part above the model states and a
   CHECK(cpu.allocated == 10'000'000 + 45'000'000 + 1'000'000);
   CHECK(cpu.device == cpu.allocated);
 }
+
+// A calibration entry in range whose offset takes a peak below the model states (once a
+// negative peak that "fits", issue 29): refused, naming the entry, never a verdict.
+TEST_CASE("device terms: a correction below the model states is refused, naming the entry") {
+  const auto s = tiny_spec();
+  memory::DeviceCorrections corrections;
+  corrections.allocated_offset_bytes = -(int64_t{1} << 40);
+  CHECK_THROWS_WITH(memory::device_breakdown(s, kSteady, 50'000'000, 10'000'000,
+                                             gpu("A100-80GB", "2.1"), corrections),
+                    Catch::Matchers::Contains("memory.calibration: the entry for A100-80GB / "
+                                              "LibTorch 2.1") &&
+                        Catch::Matchers::Contains("below the model states"));
+  corrections.allocated_offset_bytes = -30'000'000;  // the peak stays above the states
+  CHECK(memory::device_breakdown(s, kSteady, 50'000'000, 10'000'000, gpu("A100-80GB", "2.1"),
+                                 corrections)
+            .allocated >= 10'000'000);
+}

@@ -237,3 +237,37 @@ CATCH_TEST_CASE(
   CATCH_CHECK(r.output.find("train.batch_size = 65536") != std::string::npos);
   CATCH_CHECK(r.output.find("fits") == std::string::npos);
 }
+
+// With batch_size auto, a pack the budget cannot hold alone is the answer "does not fit"
+// (exit 6 with --check, the report printed), not a config error (it exited 2, issue 29).
+CATCH_TEST_CASE("estimate-memory --check, batch_size auto: a pack over the budget does not fit") {
+  const std::string flags =
+      demo_flags("--set train.batch_size=auto --set train.global_batch_size=8 --data --torch 1.13");
+  const auto r =
+      run_vlmtrain("--log-level off estimate-memory --check " + flags + " --budget 30MiB");
+  CATCH_INFO(r.output);
+  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kDoesNotFit));
+  CATCH_CHECK(r.output.find("does NOT fit") != std::string::npos);
+  CATCH_CHECK(r.output.find("no typical peaks: step planner: a pack of") != std::string::npos);
+}
+
+// Many ranks: typical peaks plan a sample of them (2,000 micro-batches' worth), and a step of
+// more packs than a step may hold is refused as train refuses it (issue 29, class 2).
+CATCH_TEST_CASE("estimate-memory --data over many ranks plans a sample of them") {
+  const json e =
+      estimate(demo_flags("--set train.batch_size=1 --data --steps 1 --torch 1.13 "
+                          "--ranks 4096"));
+  CATCH_CHECK(e["ranks"] == 4096);
+  CATCH_CHECK(e["typical"]["planned_ranks"] == 2000);
+  CATCH_CHECK(e["typical"]["micro_batches"] == 2000);
+  const json few =
+      estimate(demo_flags("--set train.batch_size=1 --data --steps 1 --torch 1.13 "
+                          "--ranks 8"));
+  CATCH_CHECK(few["typical"]["planned_ranks"] == 8);
+
+  const auto refused = run_vlmtrain("estimate-memory --torch 1.13 --ranks 65536 " +
+                                    demo_flags("--set train.batch_size=2"));
+  CATCH_CHECK(refused.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(refused.output.find("65536 x 1 x 2 packs per step is more than the 65536") !=
+              std::string::npos);
+}

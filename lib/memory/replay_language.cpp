@@ -111,11 +111,11 @@ void attention_forward(Timeline& t, const Lm& x) {
   // Per segment (packed_attention.cpp:74-82, compat.h:139-145), the top is at matmul(P, v):
   // the causal mask (L^2, bool), its logical_not (kept by masked_fill), the masked scores S2
   // and the probabilities P (4 Hq L^2 each) and the output. P, the mask and the output stay.
-  for (const int64_t L : x.segments) {
+  for_each_segment(t, x.segments, [&](Timeline& s, int64_t L) {
     const int64_t out = e * x.Hq * L * x.hd;
-    t.transient(2 * L * L + 8 * x.Hq * L * L + out);
-    t.alloc(e * x.Hq * L * L + L * L + out);
-  }
+    s.transient(2 * L * L + 8 * x.Hq * L * L + out);
+    s.alloc(e * x.Hq * L * L + L * L + out);
+  });
   t.alloc(hidden);                         // torch::cat(outputs) (:83)
   t.free(hidden);                          // the outputs, at segment_attention's return
   if (gqa && x.B > 1) t.free(2 * hidden);  // keys, values at multi_head_attention's return
@@ -176,18 +176,18 @@ void block_forward_nograd(Timeline& t, const Lm& x) {
     t.free(2 * 8 * x.Hq);
     if (x.B > 1) t.alloc(2 * hidden);  // flat() copies them
   }
-  for (const int64_t L : x.segments) {
+  for_each_segment(t, x.segments, [&](Timeline& s, int64_t L) {
     const int64_t scores = e * x.Hq * L * L, out = e * x.Hq * L * x.hd;
-    t.alloc(L * L);  // the causal mask (ones, then tril; the ones die)
-    t.alloc(L * L);
-    t.free(L * L);
-    t.alloc(scores + kWrappedScalar + scores);  // q k^T, the wrapped scale, * scale
-    t.free(kWrappedScalar + scores);
-    t.alloc(L * L + scores);  // logical_not, masked_fill; the scaled scores and the not die
-    t.free(scores + L * L);
-    t.alloc(scores + out);  // softmax, P v
-    t.free(2 * scores + L * L);  // probabilities, masked scores, the mask
-  }
+    s.alloc(L * L);  // the causal mask (ones, then tril; the ones die)
+    s.alloc(L * L);
+    s.free(L * L);
+    s.alloc(scores + kWrappedScalar + scores);  // q k^T, the wrapped scale, * scale
+    s.free(kWrappedScalar + scores);
+    s.alloc(L * L + scores);  // logical_not, masked_fill; the scaled scores and the not die
+    s.free(scores + L * L);
+    s.alloc(scores + out);       // softmax, P v
+    s.free(2 * scores + L * L);  // probabilities, masked scores, the mask
+  });
   t.alloc(hidden);  // torch::cat(outputs)
   t.free(hidden);   // the outputs
   if (gqa) t.free((x.B > 1 ? 2 * hidden : 0) + 2 * hidden);  // copies, keys, values
@@ -305,33 +305,33 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
   // flat q/k/v gradient by the first segment; for later ones the engine's InputBuffer
   // allocates old + new (measured: not in place) and frees both.
   const int64_t k_storage = gqa ? hidden : kv;  // what the kept k/v views keep alive
-  const auto& segments = x.segments;
-  for (size_t j = segments.size(); j-- > 0;) {
-    const int64_t L = segments[j];
-    const int64_t scores = e * x.Hq * L * L, rows = e * x.Hq * L * x.hd;
-    const bool first_processed = j + 1 == segments.size(), last_processed = j == 0;
-    t.alloc(scores + rows);                          // dP, dV_i
-    if (last_processed) t.free(k_storage + hidden);  // v's storage; dC
-    t.alloc(scores);                                 // dS
-    t.free(2 * scores);                              // dP, P
-    t.alloc(scores);                                 // masked_fill's gradient
-    t.free(scores + L * L);                          // dS, the mask
-    t.transient(12);                                 // the wrapped scale
-    t.alloc(scores);                                 // * scale
-    t.free(scores);                                  //
-    t.alloc(2 * rows);                               // dQ_i, dK_i
-    t.free(scores);                                  // its input gradient
-    if (last_processed) t.free(hidden + k_storage);  // q's and k's storages
-    for (int k = 0; k < 3; ++k) {
-      t.alloc(hidden);
-      t.free(rows);
-      if (!first_processed) {
-        // The engine's InputBuffer adds it out of place (old + new) and frees both.
-        t.alloc(hidden);
-        t.free(2 * hidden);
-      }
-    }
-  }
+  for_each_segment_reversed(t, x.segments,
+                            [&](Timeline& s, int64_t L, bool first_processed, bool last_processed) {
+                              const int64_t scores = e * x.Hq * L * L, rows = e * x.Hq * L * x.hd;
+                              s.alloc(scores + rows);                          // dP, dV_i
+                              if (last_processed) s.free(k_storage + hidden);  // v's storage; dC
+                              s.alloc(scores);                                 // dS
+                              s.free(2 * scores);                              // dP, P
+                              s.alloc(scores);         // masked_fill's gradient
+                              s.free(scores + L * L);  // dS, the mask
+                              s.transient(12);         // the wrapped scale
+                              s.alloc(scores);         // * scale
+                              s.free(scores);          //
+                              s.alloc(2 * rows);       // dQ_i, dK_i
+                              s.free(scores);          // its input gradient
+                              if (last_processed)
+                                s.free(hidden + k_storage);  // q's and k's storages
+                              for (int k = 0; k < 3; ++k) {
+                                s.alloc(hidden);
+                                s.free(rows);
+                                if (!first_processed) {
+                                  // The engine's InputBuffer adds it out of place (old + new) and
+                                  // frees both.
+                                  s.alloc(hidden);
+                                  s.free(2 * hidden);
+                                }
+                              }
+                            });
   // v (created last): GQA's IndexSelectBackward0 for v then k (zeros [B, Hkv, T, hd] +
   // index_add; the flat gradient and the kept index are freed); the head view's backward copies
   // the gradient (a reshape of a transposed tensor); v_proj's MmBackward0: y1's gradient and

@@ -210,7 +210,7 @@ void block_forward_nograd_bf16(Timeline& t, const Lm& x) {
     t.free(2 * 8 * x.Hq);
     if (x.B > 1) t.alloc(2 * hidden);  // flat() copies them
   }
-  for (const int64_t L : x.segments) segment_forward_nograd(t, x, L);
+  for_each_segment(t, x.segments, [&](Timeline& s, int64_t L) { segment_forward_nograd(s, x, L); });
   t.alloc(hidden);  // torch::cat(outputs)
   t.free(hidden);   // the outputs
   if (gqa) t.free((x.B > 1 ? 2 * hidden : 0) + 2 * hidden);
@@ -345,7 +345,7 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
     t.alloc(2 * (hidden + 8 * x.Hq));
     if (x.B > 1) t.alloc(2 * hidden);
   }
-  for (const int64_t L : x.segments) segment_forward(t, x, L);
+  for_each_segment(t, x.segments, [&](Timeline& s, int64_t L) { segment_forward(s, x, L); });
   t.alloc(hidden);  // torch::cat(outputs)
   t.free(hidden);   // the outputs
   if (gqa && x.B > 1) t.free(2 * hidden);
@@ -423,60 +423,59 @@ void input_to_fp32(Timeline& t, const Lm& x, bool summed) {
 void attention_backward_bf16(Timeline& t, const Lm& x) {
   const int64_t hidden = h * x.N * x.D, kv = h * x.N * x.Dkv;
   const int64_t kv_storage = x.Hkv < x.Hq ? hidden : kv;  // what the kept k/v views keep
-  for (size_t j = x.segments.size(); j-- > 0;) {
-    const int64_t L = x.segments[j];
-    const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
-    const bool first_processed = j + 1 == x.segments.size(), last_processed = j == 0;
-    const HeadLayout layout = head_layout(x, L);
-    const bool onednn = onednn_bf16_product(x.onednn_bf16, x.Hq, L, x.hd, L);
-    // dO, a per-head view of dC, is strided like q.
-    const int64_t o_copy = onednn && layout.q_copied ? rows : 0;
-    const int64_t q_copy = o_copy, kv_copy = onednn && layout.kv_copied ? rows : 0;
-    // P v's BmmBackward0: v's gradient (P^T dO), then P's (dO v^T).
-    t.alloc(o_copy + rows);
-    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, true, false));
-    t.free(o_copy);
-    t.alloc(scores + o_copy + kv_copy);
-    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, x.hd, L, false, true));
-    t.free(o_copy + kv_copy);
-    if (last_processed) t.free(hidden);  // dC
-    t.free(scores);                      // the kept bf16 probabilities
-    if (last_processed) t.free(kv_storage);  // v's
-    // P's ToCopyBackward0 (to fp32), SoftmaxBackward0, the softmax input's ToCopyBackward0 (to
-    // bf16), MaskedFillBackward0; then the mask (logical_not) is freed.
-    t.alloc(2 * scores);
-    t.free(scores);
-    t.alloc(2 * scores);
-    t.free(2 * 2 * scores);
-    t.alloc(scores);
-    t.free(2 * scores);
-    t.alloc(scores);
-    t.free(scores + L * L);
-    // The scale's MulBackward1: the wrapped scalar and its bf16 copy, the product.
-    t.transient(kWrappedScalar + h + scores);
-    t.alloc(scores);
-    t.free(scores);
-    // q k^T's BmmBackward0: k's gradient (q^T dS), then q's (dS k); then dS and, for the last
-    // segment, q's and k's storages.
-    t.alloc(q_copy + rows);
-    // q^T is a transposed view unless q was copied (then the copy is made contiguous as q^T).
-    t.transient(
-        bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, x.hd, L, L, q_copy == 0, false));
-    t.free(q_copy);
-    t.alloc(kv_copy + rows);
-    t.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, false, false));
-    t.free(kv_copy);
-    t.free(scores);
-    if (last_processed) t.free(hidden + kv_storage);
-    for (int k = 0; k < 3; ++k) {
-      t.alloc(hidden);  // SliceBackward0
-      t.free(rows);
-      if (!first_processed) {
-        t.alloc(hidden);
-        t.free(2 * hidden);
-      }
-    }
-  }
+  for_each_segment_reversed(
+      t, x.segments, [&](Timeline& s, int64_t L, bool first_processed, bool last_processed) {
+        const int64_t scores = h * x.Hq * L * L, rows = h * x.Hq * L * x.hd;
+        const HeadLayout layout = head_layout(x, L);
+        const bool onednn = onednn_bf16_product(x.onednn_bf16, x.Hq, L, x.hd, L);
+        // dO, a per-head view of dC, is strided like q.
+        const int64_t o_copy = onednn && layout.q_copied ? rows : 0;
+        const int64_t q_copy = o_copy, kv_copy = onednn && layout.kv_copied ? rows : 0;
+        // P v's BmmBackward0: v's gradient (P^T dO), then P's (dO v^T).
+        s.alloc(o_copy + rows);
+        s.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, true, false));
+        s.free(o_copy);
+        s.alloc(scores + o_copy + kv_copy);
+        s.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, x.hd, L, false, true));
+        s.free(o_copy + kv_copy);
+        if (last_processed) s.free(hidden);      // dC
+        s.free(scores);                          // the kept bf16 probabilities
+        if (last_processed) s.free(kv_storage);  // v's
+        // P's ToCopyBackward0 (to fp32), SoftmaxBackward0, the softmax input's ToCopyBackward0 (to
+        // bf16), MaskedFillBackward0; then the mask (logical_not) is freed.
+        s.alloc(2 * scores);
+        s.free(scores);
+        s.alloc(2 * scores);
+        s.free(2 * 2 * scores);
+        s.alloc(scores);
+        s.free(2 * scores);
+        s.alloc(scores);
+        s.free(scores + L * L);
+        // The scale's MulBackward1: the wrapped scalar and its bf16 copy, the product.
+        s.transient(kWrappedScalar + h + scores);
+        s.alloc(scores);
+        s.free(scores);
+        // q k^T's BmmBackward0: k's gradient (q^T dS), then q's (dS k); then dS and, for the last
+        // segment, q's and k's storages.
+        s.alloc(q_copy + rows);
+        // q^T is a transposed view unless q was copied (then the copy is made contiguous as q^T).
+        s.transient(
+            bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, x.hd, L, L, q_copy == 0, false));
+        s.free(q_copy);
+        s.alloc(kv_copy + rows);
+        s.transient(bf16_matmul_scratch(x.onednn_bf16, x.threads, x.Hq, L, L, x.hd, false, false));
+        s.free(kv_copy);
+        s.free(scores);
+        if (last_processed) s.free(hidden + kv_storage);
+        for (int k = 0; k < 3; ++k) {
+          s.alloc(hidden);  // SliceBackward0
+          s.free(rows);
+          if (!first_processed) {
+            s.alloc(hidden);
+            s.free(2 * hidden);
+          }
+        }
+      });
 }
 
 // RMSNorm's backward in a decoder stored in bf16 (rms_norm_forward_bf16_storage), from the

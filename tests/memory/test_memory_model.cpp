@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <random>
+#include <utility>
+#include <vector>
 
 #include "core/dist_env.h"
 #include "memory/batch_shape.h"
@@ -186,4 +189,58 @@ TEST_CASE("gradient all-reduce: nothing on one rank, flattened buckets of two in
   REQUIRE(p8.modelled);
   CHECK(p8.static_bytes == p1.static_bytes + 516);
   CHECK(p8.allreduce_peak == p8.static_bytes + peak);
+}
+
+// The replay walks runs of equal segment lengths once (Timeline::repeat): the same live and
+// peak bytes as segment by segment, forward and last first with the first and last processed
+// segments told apart, over random lengths with runs.
+TEST_CASE("replay: runs of equal segments give what segment by segment gives") {
+  using memory::replay::Timeline;
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<int64_t> segments;
+    const int runs = std::uniform_int_distribution<int>(1, 6)(rng);
+    for (int r = 0; r < runs; ++r) {
+      const int64_t length = std::uniform_int_distribution<int64_t>(1, 4)(rng) * 10;
+      segments.insert(segments.end(), std::uniform_int_distribution<size_t>(1, 5)(rng), length);
+    }
+    INFO("trial " << trial);
+    const auto forward = [](Timeline& t, int64_t L) {
+      t.alloc(3 * L);
+      t.transient(L * L);
+      t.free(L + 1);
+    };
+    Timeline runs_once, each;
+    each.alloc(100);
+    runs_once.alloc(100);
+    memory::replay::for_each_segment(runs_once, segments, forward);
+    for (const int64_t L : segments) forward(each, L);
+    CHECK(runs_once.live == each.live);
+    CHECK(runs_once.peak == each.peak);
+
+    const auto backward = [](Timeline& t, int64_t L, bool first, bool last) {
+      t.alloc(L * (first ? 7 : 2));
+      if (last) t.free(50);
+      t.transient(L * L / 3 + (first ? 11 : 0));
+      t.free(L + (last ? 3 : 0));
+    };
+    Timeline reversed_once, reversed_each;
+    reversed_once.alloc(1000);
+    reversed_each.alloc(1000);
+    std::vector<std::pair<bool, bool>> flags_once, flags_each;
+    memory::replay::for_each_segment_reversed(reversed_once, segments,
+                                              [&](Timeline& t, int64_t L, bool first, bool last) {
+                                                if (first || last)
+                                                  flags_once.emplace_back(first, last);
+                                                backward(t, L, first, last);
+                                              });
+    for (size_t j = segments.size(); j-- > 0;) {
+      const bool first = j + 1 == segments.size(), last = j == 0;
+      if (first || last) flags_each.emplace_back(first, last);
+      backward(reversed_each, segments[j], first, last);
+    }
+    CHECK(reversed_once.live == reversed_each.live);
+    CHECK(reversed_once.peak == reversed_each.peak);
+    CHECK(flags_once == flags_each);
+  }
 }

@@ -1,6 +1,6 @@
 // Whole training runs of the vlmtrain executable on a small generated dataset: the invariances
 // the trainer promises (accumulation, data parallel, OOM recovery, exact resume) and its
-// behaviour under signals, corrupt checkpoints and NaN losses.
+// behaviour under corrupt checkpoints and NaN losses (signals: test_stop_signals.cpp).
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -225,46 +225,6 @@ CATCH_TEST_CASE(
     CATCH_REQUIRE(step.contains("memory/predicted_peak_bytes"));
     CATCH_CHECK(step["memory/predicted_peak_bytes"] == step["memory/peak_allocated_bytes"]);
   }
-}
-
-CATCH_TEST_CASE("SIGTERM saves a checkpoint and exits with the requeue code") {
-  TempDir out;
-  const pid_t pid = start_vlmtrain(run_args(out.path(), "--set train.max_steps=100000"));
-  wait_until([&] { return records(out.path(), "step").size() >= 2; });
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  CATCH_REQUIRE(WIFEXITED(status));
-  CATCH_CHECK(WEXITSTATUS(status) == static_cast<int>(vlm::ExitCode::kStoppedBySignal));
-  CATCH_CHECK(fs::exists(last_checkpoint(out.path()) / "COMPLETE.json"));
-}
-
-CATCH_TEST_CASE("SIGTERM in an evaluation ends it, saves the step and resumes without losing it") {
-  // The evaluation after step 2 is sent SIGTERM as it starts (VLMTRAIN_INJECT_FAULT).
-  TempDir out;
-  const std::string extra =
-      "--set 'data.validation=[{path: " + (demo_dir() / "val.jsonl").string() +
-      "}]' --set train.eval_every=2 --set train.eval_generate=1000";
-  auto r =
-      vlm::test::run_with_env("VLMTRAIN_INJECT_FAULT=sigterm_eval@2 ", run_args(out.path(), extra));
-  CATCH_INFO(r.output);
-  CATCH_CHECK(r.exit_code == static_cast<int>(vlm::ExitCode::kStoppedBySignal));
-  CATCH_CHECK(r.output.find("eval at step 2: stopped by a signal") != std::string::npos);
-  CATCH_CHECK(last_checkpoint(out.path()).filename() == "step-00000002");
-  CATCH_CHECK(records(out.path(), "eval").empty());  // no partial figures recorded
-  CATCH_CHECK(records(out.path(), "step").size() == 2);
-  // The requeued run goes on from step 2 to the end; the evaluations it runs are whole (the
-  // one cut short is not redone: a lost evaluation costs no training).
-  r = run_vlmtrain(run_args(out.path(), extra));
-  CATCH_INFO(r.output);
-  CATCH_REQUIRE(r.exit_code == 0);
-  const auto steps = records(out.path(), "step");
-  CATCH_REQUIRE(steps.size() == 6);
-  CATCH_CHECK(steps.back()["step"] == 6);
-  const auto evals = records(out.path(), "eval");
-  CATCH_REQUIRE(evals.size() == 2);  // after step 4, and the final one
-  CATCH_CHECK(evals[0]["step"] == 4);
-  CATCH_CHECK(evals[1]["step"] == 6);
 }
 
 CATCH_TEST_CASE("a corrupt latest checkpoint is skipped and the previous one resumed") {

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include "core/dist_env.h"
+#include "data/data_setup.h"
+#include "memory/memory_spec.h"
 #include "model/batch_tensors.h"
 #include "train/data_wait_watch.h"
 #include "train/trainer_impl.h"
@@ -96,6 +98,11 @@ void Trainer::optimizer_update(StepMetrics& m) {
 // checkpoint, the final evaluation and the summary record.
 ExitCode Trainer::run() {
   runtime::install_stop_signal_handlers();
+  // The config's errors that need no setup come before the run directory exists, so a refused
+  // config leaves nothing behind: the memory model's range (memory_spec checks it) and the
+  // packs of a step over the ranks.
+  memory::memory_spec(config_);
+  data::planning_options(config_, dist_.world_size).planner.validate();
   run_dir_ = config_.output.dir;
   // One trainer per run directory (core/run_lock.h), before any work: rank 0 holds the lock
   // for the whole run (the other ranks of a job share its directory).

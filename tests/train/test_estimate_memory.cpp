@@ -236,6 +236,17 @@ CATCH_TEST_CASE(
   CATCH_CHECK(r.output.find("1 EiB") != std::string::npos);
   CATCH_CHECK(r.output.find("train.batch_size = 65536") != std::string::npos);
   CATCH_CHECK(r.output.find("fits") == std::string::npos);
+
+  // train refuses it the same way, before its run directory exists: nothing is left behind.
+  TempDir out;
+  const fs::path run = out / "run";
+  const auto t = run_vlmtrain(
+      "train --set packing.max_seq_len=16777216 --set model.language.max_position=16777216 "
+      "--set data.max_sample_length=16777216 --set train.batch_size=65536 --set output.dir='" +
+      run.string() + "'");
+  CATCH_CHECK(t.exit_code == static_cast<int>(vlm::ExitCode::kUsage));
+  CATCH_CHECK(t.output.find("1 EiB") != std::string::npos);
+  CATCH_CHECK(!fs::exists(run));
 }
 
 // With batch_size auto, a pack the budget cannot hold alone is the answer "does not fit"

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/json_integer.h"
 #include "core/strings.h"
 
 namespace vlm::train {
@@ -116,8 +117,8 @@ void LossScaler::load_state(const nlohmann::json& state) {
                     (text.size() > 200 ? text.substr(0, 200) + "..." : text));
   }
   scale_ = scale;
-  growth_tracker_ = state["growth_tracker"].get<int64_t>();
-  skipped_steps_ = state["skipped_steps"].get<int64_t>();
+  growth_tracker_ = json_integer<int64_t>(state["growth_tracker"]);
+  skipped_steps_ = json_integer<int64_t>(state["skipped_steps"]);
 }
 
 }  // namespace vlm::train

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "core/json_integer.h"
+
 namespace vlm::train {
 
 nlohmann::json to_json(const TrainerState& s) {
@@ -28,13 +30,14 @@ TrainerState trainer_state_from_json(const nlohmann::json& j) {
     return std::invalid_argument("trainer state field \"" + name + "\" is out of range: " +
                                  value.dump());
   };
-  s.run.step = j.at("step").get<int64_t>();
-  s.run.skipped_steps = j.at("skipped_steps").get<int64_t>();
-  s.run.consecutive_nonfinite = j.at("consecutive_nonfinite").get<int64_t>();
+  s.run.step = json_integer<int64_t>(j.at("step"));
+  s.run.skipped_steps = json_integer<int64_t>(j.at("skipped_steps"));
+  s.run.consecutive_nonfinite = json_integer<int64_t>(j.at("consecutive_nonfinite"));
   // Checkpoints from before the sampler learned in bytes carry a cost cap instead: none then.
-  s.run.learned_budget_bytes = j.value("learned_budget_bytes", int64_t{0});
-  s.run.clean_steps = j.at("clean_steps").get<int64_t>();
-  s.world_size = j.at("world_size").get<int>();
+  s.run.learned_budget_bytes =
+      j.contains("learned_budget_bytes") ? json_integer<int64_t>(j.at("learned_budget_bytes")) : 0;
+  s.run.clean_steps = json_integer<int64_t>(j.at("clean_steps"));
+  s.world_size = json_integer<int>(j.at("world_size"));
   s.config_hash = j.at("config_hash").get<std::string>();
   s.data_cursor = j.at("data_cursor");
   s.loss_scaler = j.at("loss_scaler");

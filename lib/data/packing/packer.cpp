@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_integer.h"
 
 namespace vlm::data {
 
@@ -51,13 +52,13 @@ nlohmann::json to_json(const PackerOptions& o) {
 namespace {
 PackerOptions options_from_json(const nlohmann::json& j) {
   PackerOptions o;
-  o.max_seq_len = j.at("max_seq_len").get<int64_t>();
-  o.max_images_per_pack = j.at("max_images_per_pack").get<int64_t>();
-  o.max_crops_per_pack = j.at("max_crops_per_pack").get<int64_t>();
-  o.buffer_samples = j.at("buffer_samples").get<int64_t>();
-  o.max_deferrals = j.at("max_deferrals").get<int64_t>();
-  o.emission_window = j.at("emission_window").get<int64_t>();
-  o.seed = j.at("seed").get<uint64_t>();
+  o.max_seq_len = json_integer<int64_t>(j.at("max_seq_len"));
+  o.max_images_per_pack = json_integer<int64_t>(j.at("max_images_per_pack"));
+  o.max_crops_per_pack = json_integer<int64_t>(j.at("max_crops_per_pack"));
+  o.buffer_samples = json_integer<int64_t>(j.at("buffer_samples"));
+  o.max_deferrals = json_integer<int64_t>(j.at("max_deferrals"));
+  o.emission_window = json_integer<int64_t>(j.at("emission_window"));
+  o.seed = json_integer<uint64_t>(j.at("seed"));
   return o;
 }
 }  // namespace
@@ -272,7 +273,8 @@ void Packer::restore_state(const nlohmann::json& state) {
     }
     std::vector<CarriedPack> carried;
     for (const auto& c : state.at("carried")) {
-      carried.push_back(CarriedPack{c.at("pack").get<Pack>(), c.at("deferrals").get<int64_t>()});
+      carried.push_back(
+          CarriedPack{c.at("pack").get<Pack>(), json_integer<int64_t>(c.at("deferrals"))});
       check_pack(carried.back().pack, "a carried pack");
       if (carried.back().deferrals < 0 || carried.back().deferrals > options_.max_deferrals) {
         throw ConfigError("packer state: a carried pack was deferred " +

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/json_integer.h"
 
 namespace vlm::data {
 
@@ -142,10 +143,11 @@ nlohmann::json PlanningPipeline::cursor() const {
 }
 
 void PlanningPipeline::restore(const nlohmann::json& cursor) {
-  next_step_ = cursor.at("step").get<int64_t>();
+  next_step_ = json_integer<int64_t>(cursor.at("step"));
   source_done_ = cursor.at("source_done").get<bool>();
   source_->restore(cursor.at("source"));
-  filter_.restore(DropCounts::from_json(cursor.at("drops")), cursor.at("kept").get<int64_t>());
+  filter_.restore(DropCounts::from_json(cursor.at("drops")),
+                  json_integer<int64_t>(cursor.at("kept")));
   packer_.restore_state(cursor.at("packer"));
   planner_.restore_state(cursor.at("planner"));
   check_restored_in_flight();

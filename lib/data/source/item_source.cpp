@@ -1,6 +1,7 @@
 #include "data/source/item_source.h"
 
 #include "core/error.h"
+#include "core/json_integer.h"
 
 namespace vlm::data {
 namespace {
@@ -116,14 +117,15 @@ nlohmann::json DatasetSource::state(const std::vector<uint64_t>& in_flight) cons
 
 void DatasetSource::restore(const nlohmann::json& state) {
   stream_.restore(state.at("stream"));
-  draws_ = state.at("draws").get<uint64_t>();
-  next_id_ = state.at("next_id").get<uint64_t>();
+  draws_ = json_integer<uint64_t>(state.at("draws"));
+  next_id_ = json_integer<uint64_t>(state.at("next_id"));
   skips_->restore(state.at("skips"));
   built_.clear();
   refs_.clear();
   for (const auto& r : state.at("in_flight")) {
-    const uint64_t id = r.at(0).get<uint64_t>();
-    const SampleRef ref{r.at(1).get<uint32_t>(), r.at(2).get<uint64_t>(), r.at(3).get<uint64_t>()};
+    const uint64_t id = json_integer<uint64_t>(r.at(0));
+    const SampleRef ref{json_integer<uint32_t>(r.at(1)), json_integer<uint64_t>(r.at(2)),
+                        json_integer<uint64_t>(r.at(3))};
     if (ref.dataset >= manifests_.size() || ref.index >= manifests_[ref.dataset]->size()) {
       throw DataError("the saved data cursor names sample " + std::to_string(ref.index) +
                       " of dataset " + std::to_string(ref.dataset) + ", which does not exist (" +
@@ -164,7 +166,7 @@ nlohmann::json LengthSource::state(const std::vector<uint64_t>&) const {
 
 void LengthSource::restore(const nlohmann::json& state) {
   reader_ = std::make_unique<LengthStreamReader>(path_);
-  const int64_t line = state.at("line").get<int64_t>();
+  const int64_t line = json_integer<int64_t>(state.at("line"));
   while (reader_->line() < line && reader_->next()) {
   }
   any_ = line > 0;

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/json_integer.h"
 #include "core/random.h"
 
 namespace vlm::data {
@@ -67,18 +68,18 @@ nlohmann::json SampleStream::state() const {
 
 void SampleStream::restore(const nlohmann::json& state) {
   const auto& datasets = state.at("datasets");
-  if (datasets.size() != datasets_.size() || state.at("seed").get<uint64_t>() != seed_ ||
+  if (datasets.size() != datasets_.size() || json_integer<uint64_t>(state.at("seed")) != seed_ ||
       state.at("shuffle").get<bool>() != shuffle_) {
     throw DataError("the saved data cursor belongs to a different dataset mix or seed");
   }
   for (uint32_t d = 0; d < datasets_.size(); ++d) {
     Dataset& ds = datasets_[d];
-    if (datasets[d].at("size").get<uint64_t>() != ds.size) {
+    if (json_integer<uint64_t>(datasets[d].at("size")) != ds.size) {
       throw DataError("dataset " + std::to_string(d) + " changed size since the cursor was saved");
     }
     const double current = datasets[d].at("current").get<double>();
-    const uint64_t epoch = datasets[d].at("epoch").get<uint64_t>();
-    const uint64_t position = datasets[d].at("position").get<uint64_t>();
+    const uint64_t epoch = json_integer<uint64_t>(datasets[d].at("epoch"));
+    const uint64_t position = json_integer<uint64_t>(datasets[d].at("position"));
     // Checked before use: a position past the end would index beyond the permutation, and an
     // epoch beyond 2^32 passes over the data are not a position any run reaches.
     if (!std::isfinite(current) || position > ds.size || epoch > (1ull << 32)) {

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/json_integer.h"
+
 namespace vlm::data {
 
 void SkipCounter::count_seen(int64_t n) {
@@ -53,8 +55,8 @@ nlohmann::json SkipCounter::to_json() const {
 
 void SkipCounter::restore(const nlohmann::json& state) {
   std::lock_guard<std::mutex> lock(mutex_);
-  seen_ = state.at("seen").get<int64_t>();
-  skipped_ = state.at("skipped").get<int64_t>();
+  seen_ = json_integer<int64_t>(state.at("seen"));
+  skipped_ = json_integer<int64_t>(state.at("skipped"));
   counts_ = state.at("by_reason").get<std::map<std::string, int64_t>>();
 }
 

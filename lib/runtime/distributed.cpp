@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <random>
 #include <thread>
 
 #include "core/error.h"
@@ -73,6 +74,22 @@ struct Communicator::Impl {
   c10::intrusive_ptr<compat::CollectiveBackend> backend;
   at::Tensor flag;     // int32 [1] on options.device, reused by any_rank_flagged and barrier
   at::Tensor doubles;  // float64 [kMetricSlots] on options.device, reused by all_reduce_sum/max
+  // The stop decisions' keys in the store: a prefix of this process group's own, since a
+  // torchrun agent's store outlives a restarted group (decide_stop).
+  std::string decision_prefix;
+
+  std::string decision_key(int64_t step) const { return decision_prefix + std::to_string(step); }
+  template <class Op>
+  auto with_store(const char* what, Op op) const {
+    try {
+      return op(*store);
+    } catch (const std::exception& e) {
+      throw Error(ExitCode::kTrainingFailed,
+                  std::string("the rendezvous store failed (") + what + ") on rank " +
+                      std::to_string(env.rank) + ": " + e.what() +
+                      ". Rank 0 (or the launcher hosting the store) may have died; check its log.");
+    }
+  }
 
   bool distributed() const { return env.world_size > 1; }
 
@@ -211,7 +228,18 @@ std::unique_ptr<Communicator> Communicator::create(const DistEnv& env,
     impl->doubles = torch::zeros(
         {kMetricSlots}, torch::TensorOptions().dtype(torch::kFloat64).device(options.device));
   }
-  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  std::unique_ptr<Communicator> communicator(new Communicator(std::move(impl)));
+  if (env.world_size > 1) {
+    // Rank 0 draws the prefix; every rank takes it (52 bits: exact in a double).
+    std::random_device random;
+    const uint64_t drawn =
+        ((static_cast<uint64_t>(random()) << 32) | random()) & ((uint64_t{1} << 52) - 1);
+    const double agreed =
+        communicator->all_reduce_max({env.rank == 0 ? static_cast<double>(drawn) : 0.0})[0];
+    communicator->impl_->decision_prefix =
+        "vlm/" + std::to_string(static_cast<uint64_t>(agreed)) + "/stop/";
+  }
+  return communicator;
 }
 
 int Communicator::rank() const { return impl_->env.rank; }
@@ -290,6 +318,32 @@ std::vector<double> Communicator::all_reduce_sum(const std::vector<double>& valu
 
 std::vector<double> Communicator::all_reduce_max(const std::vector<double>& values) {
   return impl_->all_reduce_doubles(values, c10d::ReduceOp::MAX, "all_reduce_max");
+}
+
+bool Communicator::decide_stop(int64_t step, bool stop) {
+  if (!impl_->distributed()) return stop;
+  const std::string proposal = stop ? "stop" : "go";
+  const std::vector<uint8_t> decided = impl_->with_store("decide_stop", [&](c10d::Store& store) {
+    return store.compareSet(impl_->decision_key(step), {},
+                            std::vector<uint8_t>(proposal.begin(), proposal.end()));
+  });
+  // Every rank has left step - 2's decision behind: its step's collectives are done.
+  if (impl_->env.rank == 0 && step >= 2) {
+    impl_->with_store("decide_stop", [&](c10d::Store& store) {
+      return store.deleteKey(impl_->decision_key(step - 2));
+    });
+  }
+  return std::string(decided.begin(), decided.end()) == "stop";
+}
+
+bool Communicator::stop_decided(int64_t step) {
+  if (!impl_->distributed()) return false;
+  return impl_->with_store("stop_decided", [&](c10d::Store& store) {
+    const std::string key = impl_->decision_key(step);
+    if (!store.check({key})) return false;
+    const std::vector<uint8_t> value = store.get(key);
+    return std::string(value.begin(), value.end()) == "stop";
+  });
 }
 
 bool Communicator::any_rank_flagged(bool flagged) {

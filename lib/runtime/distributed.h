@@ -71,6 +71,16 @@ class Communicator {
 
   void barrier();
 
+  // The stop decision of step `step` (0-based: the step about to be trained), taken once for
+  // every rank over the rendezvous store, without a collective: ranks wait for their data at
+  // different moments, and a rank that must run the step's collectives cannot wait for an
+  // agreement. The first rank to propose decides for all, "stop" (a stop request while it
+  // waits) or "go" (its data arrived); returns whether the decision is "stop". World size 1:
+  // the proposal. Each step's key is deleted two steps later.
+  bool decide_stop(int64_t step, bool stop);
+  // Whether step `step` was decided "stop" (polled while waiting); false while undecided.
+  bool stop_decided(int64_t step);
+
  private:
   struct Impl;
   explicit Communicator(std::unique_ptr<Impl> impl);

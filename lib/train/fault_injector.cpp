@@ -26,9 +26,9 @@ std::string accepted_kinds() {
 }  // namespace
 
 const std::vector<std::string>& FaultInjector::kinds() {
-  static const std::vector<std::string> kinds = {"oom_forward",   "oom_backward",
-                                                 "oom_optimizer", "oom_optimizer_update",
-                                                 "nan_loss",      "sigterm_eval"};
+  static const std::vector<std::string> kinds = {
+      "oom_forward", "oom_backward", "oom_optimizer", "oom_optimizer_update",
+      "nan_loss",    "sigterm_eval", "stall_data"};
   return kinds;
 }
 
@@ -58,6 +58,11 @@ FaultInjector FaultInjector::from_environment() {
 
 bool FaultInjector::fire(const std::string& kind, int64_t step) {
   return faults_.erase({kind, step}) > 0;
+}
+
+int64_t FaultInjector::first_step(const std::string& kind) const {
+  const auto it = faults_.lower_bound({kind, 0});
+  return it != faults_.end() && it->first == kind ? it->second : -1;
 }
 
 }  // namespace vlm::train

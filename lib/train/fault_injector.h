@@ -31,6 +31,8 @@ class FaultInjector {
 
   // True once for (kind, step); `kind` must be one of kinds().
   bool fire(const std::string& kind, int64_t step);
+  // The first step `kind` is set for, or -1 (for faults set up ahead, as stall_data).
+  int64_t first_step(const std::string& kind) const;
 
  private:
   std::set<std::pair<std::string, int64_t>> faults_;

@@ -130,6 +130,9 @@ ExitCode Trainer::run() {
   // split after an OOM (model::pinned_crop_buffers).
   data::LoaderOptions loader_options = data_->loader_options(comm_->rank());
   if (device_.is_cuda()) loader_options.collate.crop_buffer = model::pinned_crop_buffers();
+  if (const int64_t stall = faults_.first_step("stall_data"); stall > 0) {
+    loader_options.stall_step = stall - 1;  // tests: step N's data never comes
+  }
   runner_ = std::make_unique<StepRunner>(
       StepRunnerContext{model_, optimizer_.get(), comm_.get(), device_, precision_, scaler_.get(),
                         &faults_, progress_.get(), loader_options.collate, budget_.get()});
@@ -154,13 +157,23 @@ ExitCode Trainer::run() {
       save_checkpoint();
       return stopped_by_signal();
     }
-    // One rank alone stops while it waits for data; several ranks agree between steps only,
-    // since each must run the same collectives (docs/limits.md, "Stop signals").
-    std::optional<data::LoadedStep> step =
-        loader.next(comm_->is_distributed() ? std::function<bool()>()
-                                            : std::function<bool()>(runtime::stop_requested));
+    // A stop request while waiting for data ends the wait. Several ranks decide it once for
+    // all over the store (Communicator::decide_stop): the first to propose, "stop" while it
+    // waits or "go" as its data arrives, decides, so either every rank runs the step's
+    // collectives or none does (docs/limits.md, "Stop signals").
+    const int64_t next_step = state_.step;
+    std::function<bool()> interrupted = runtime::stop_requested;
+    if (comm_->is_distributed()) {
+      interrupted = [this, next_step] {
+        return runtime::stop_requested() ? comm_->decide_stop(next_step, true)
+                                         : comm_->stop_decided(next_step);
+      };
+    }
+    std::optional<data::LoadedStep> step = loader.next(interrupted);
     if (!step && loader.interrupted()) continue;  // the check above saves and stops
     if (!step) break;
+    // Another rank stopped this step while this one's data came: it is not trained here either.
+    if (comm_->is_distributed() && comm_->decide_stop(next_step, false)) continue;
     StepMetrics m;
     instruments_->begin_step(state_.step + 1);
     train_step(*step, m);

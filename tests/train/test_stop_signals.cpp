@@ -4,6 +4,7 @@
 // right step (docs/limits.md, "Stop signals").
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "support/test_support.h"
@@ -67,10 +69,19 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Waits for `pid`; its wait status.
+// Waits for `pid` at most 60 s (then kills it: a hang fails the test instead of the suite);
+// its wait status.
 int wait_for(pid_t pid) {
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   return status;
 }
 
@@ -139,4 +150,34 @@ CATCH_TEST_CASE("SIGTERM at random moments: a documented exit within seconds, re
   }
   CATCH_INFO("outcomes seen (-1: the default action at start-up)");
   CATCH_CHECK(outcomes.count(static_cast<int>(vlm::ExitCode::kStoppedBySignal)) == 1);
+}
+
+// Two Gloo ranks both waiting for step 3's data (VLMTRAIN_INJECT_FAULT=stall_data@3: it never
+// comes) and SIGTERM to rank 1 alone: the ranks decide the stop together over the store, save
+// step 2 and exit 75 within seconds (they waited for the data until then: a hang here).
+CATCH_TEST_CASE("SIGTERM to one rank while every rank waits for data stops them all") {
+  TempDir out;
+  const int port = 20000 + static_cast<int>((::getpid() + 4241) % 20000);
+  std::vector<pid_t> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string env = "VLMTRAIN_INJECT_FAULT=stall_data@3 RANK=" + std::to_string(rank) +
+                            " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
+                            " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
+    ranks.push_back(start_vlmtrain(
+        run_args(out.path(), "--set distributed.timeout_s=60 --set output.checkpoint_every=100"),
+        env));
+  }
+  wait_until([&] { return records(out.path(), "step").size() >= 2; });
+  CATCH_REQUIRE(records(out.path(), "step").size() == 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both wait for step 3
+  const auto sent = Clock::now();
+  ::kill(ranks[1], SIGTERM);
+  for (const pid_t pid : ranks) {
+    const int status = wait_for(pid);
+    CATCH_CHECK(WIFEXITED(status));
+    CATCH_CHECK(WEXITSTATUS(status) == static_cast<int>(vlm::ExitCode::kStoppedBySignal));
+  }
+  CATCH_CHECK(seconds_since(sent) < 15.0);
+  CATCH_CHECK(last_checkpoint(out.path()).filename() == "step-00000002");
+  CATCH_CHECK(fs::exists(last_checkpoint(out.path()) / "COMPLETE.json"));
 }

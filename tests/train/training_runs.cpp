@@ -76,9 +76,9 @@ int64_t peak_bytes(const fs::path& out) {
 }
 
 // Starts vlmtrain with `args` in the background (its output discarded); returns its pid.
-pid_t start_vlmtrain(const std::string& args) {
+pid_t start_vlmtrain(const std::string& args, const std::string& env) {
   const std::string command =
-      std::string("exec '") + VLMTRAIN_EXE + "' " + args + " >/dev/null 2>&1";
+      "exec env " + env + " '" + VLMTRAIN_EXE + "' " + args + " >/dev/null 2>&1";
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));

@@ -28,8 +28,9 @@ double max_difference(const vlm::model::TensorMap& a, const vlm::model::TensorMa
 std::vector<nlohmann::json> records(const std::filesystem::path& out, const std::string& type);
 // The largest tracked peak of any step of a run.
 int64_t peak_bytes(const std::filesystem::path& out);
-// Starts vlmtrain with `args` in the background (its output discarded); returns its pid.
-pid_t start_vlmtrain(const std::string& args);
+// Starts vlmtrain with `args` in the background (its output discarded), with `env`
+// ("NAME=value ...") in its environment; returns its pid.
+pid_t start_vlmtrain(const std::string& args, const std::string& env = "");
 void require_ok(const CommandResult& r);
 // A run of 2 ranks on Gloo over 127.0.0.1 (a port of its own per test), both required to end
 // well.

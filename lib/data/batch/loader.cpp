@@ -181,6 +181,11 @@ void Loader::produce() {
     for (;;) {
       std::optional<PlannedStep> planned = pipeline_.next_step();
       if (!planned) break;
+      if (planned->step == options_.stall_step) {
+        std::unique_lock<std::mutex> lock(shared.mutex);
+        shared.changed.wait(lock, [&] { return shared.stopping; });
+        return;
+      }
       // Each micro-batch with its samples, taken before the plan releases them.
       const auto& mine = planned->plan.micro_batches.at(static_cast<size_t>(options_.rank));
       std::vector<std::pair<MicroBatch, std::vector<std::shared_ptr<const BuiltSample>>>> jobs;

@@ -26,6 +26,9 @@ struct LoaderOptions {
   int64_t workers = 2;           // 0: collate on the planner thread
   int64_t prefetch_batches = 4;  // micro-batches collated ahead of the ones taken
   CollateOptions collate;
+  // Tests (VLMTRAIN_INJECT_FAULT=stall_data@N): the planner holds step `stall_step` (0-based)
+  // back until the loader stops, as data that never comes; -1: never.
+  int64_t stall_step = -1;
 };
 
 namespace detail {

@@ -61,24 +61,54 @@ uint64_t read_u64_le(const uint8_t* bytes) {
 }
 
 // A valid header nests at most three deep: the top object, a tensor entry or __metadata__,
-// and a shape / data_offsets array. Refusing deeper containers while parsing keeps a hostile
-// header ("[[[[...") from building a huge DOM; the callback also catches duplicate tensor
-// names, which a JSON DOM would silently merge.
-json parse_header_json(const char* text, size_t length, const std::string& path) {
-  std::set<std::string> seen_names;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= 3) {
-      fail(path, "header JSON nests deeper than a safetensors header can");
-    }
-    if (event == json::parse_event_t::key && depth == 1) {
-      const auto& name = parsed.get_ref<const std::string&>();
-      if (!seen_names.insert(name).second) fail_tensor(path, name, "name appears twice");
+// and a shape / data_offsets array. A first pass over the text without a DOM (a SAX handler)
+// refuses deeper containers, so a hostile header ("[[[[...") never builds a huge DOM, and
+// duplicate tensor names, which a JSON DOM would silently merge; then the DOM is parsed.
+// (nlohmann's callback parser, used before, scans the whole top object at the end of every
+// entry: a header of a million tensors, inside the 100 MB limit, took hours.)
+class HeaderShapeCheck : public json::json_sax_t {
+ public:
+  explicit HeaderShapeCheck(const std::string& path) : path_(path) {}
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(); }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& name) override {
+    if (depth_ == 1 && !seen_names_.insert(name).second) {
+      fail_tensor(path_, name, "name appears twice");
     }
     return true;
-  };
+  }
+  bool parse_error(std::size_t, const std::string&, const json::exception& e) override {
+    fail(path_, std::string("header is not valid JSON: ") + e.what());
+  }
+
+ private:
+  bool open() {
+    if (++depth_ > 3) fail(path_, "header JSON nests deeper than a safetensors header can");
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+  const std::string& path_;
+  int depth_ = 0;
+  std::set<std::string> seen_names_;
+};
+
+json parse_header_json(const char* text, size_t length, const std::string& path) {
+  HeaderShapeCheck check(path);
+  json::sax_parse(text, text + length, &check);
   try {
-    return json::parse(text, text + length, callback);
+    return json::parse(text, text + length);
   } catch (const json::exception& e) {
     fail(path, std::string("header is not valid JSON: ") + e.what());
   }

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "model/safetensors_file.h"
 
 // The format stores little-endian bytes; tensors are created from them without swapping.
@@ -151,17 +152,14 @@ nlohmann::json read_index_json(const std::string& path) {
   if (!in.read(text.data(), static_cast<std::streamsize>(size))) {
     throw DataError("cannot read shard index", SourceLocation{path});
   }
-  // A weight-map index nests two levels deep; refuse anything far deeper before it is built.
-  auto refuse_deep = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
-    if ((event == nlohmann::json::parse_event_t::object_start ||
-         event == nlohmann::json::parse_event_t::array_start) &&
-        depth > 8) {
-      throw DataError("shard index JSON nests too deeply", SourceLocation{path});
-    }
-    return true;
-  };
+  // A weight-map index nests two levels deep; refuse anything far deeper before it is built
+  // (counted on the text: nlohmann's callback parser scans a container at the end of each
+  // object in it, hours for a hostile index of millions of small objects).
+  if (json_nesting_depth(text) > 8) {
+    throw DataError("shard index JSON nests too deeply", SourceLocation{path});
+  }
   try {
-    return nlohmann::json::parse(text, refuse_deep);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(std::string("shard index is not valid JSON: ") + e.what(),
                     SourceLocation{path});

@@ -67,25 +67,18 @@ template <class Segment>
 void for_each_segment_reversed(Timeline& t, const std::vector<int64_t>& segments,
                                Segment&& segment) {
   const size_t n = segments.size();
-  for (size_t end = n; end > 0;) {  // [begin, end): a run of equal lengths
+  if (n == 0) return;
+  segment(t, segments[n - 1], true, n == 1);
+  // The segments between, last first, in runs of equal lengths: [begin, end).
+  for (size_t end = n - 1; end > 1;) {
     size_t begin = end - 1;
-    while (begin > 0 && segments[begin - 1] == segments[end - 1]) --begin;
+    while (begin > 1 && segments[begin - 1] == segments[end - 1]) --begin;
     const int64_t L = segments[end - 1];
-    size_t hi = end, lo = begin;  // the run's ordinary members: [lo, hi)
-    if (hi == n) {
-      segment(t, L, true, n == 1);
-      --hi;
-    }
-    if (lo == 0 && hi > 0) {
-      ++lo;  // the first segment is processed last
-    }
-    if (hi > lo) {
-      t.repeat(static_cast<int64_t>(hi - lo),
-               [&](Timeline& one) { segment(one, L, false, false); });
-    }
-    if (begin == 0 && n > 1 && lo == 1) segment(t, L, false, true);
+    t.repeat(static_cast<int64_t>(end - begin),
+             [&](Timeline& one) { segment(one, L, false, false); });
     end = begin;
   }
+  if (n > 1) segment(t, segments[0], false, true);
 }
 
 // A parameter's gradient reaching its AccumulateGrad: with no .grad yet it is stolen as the

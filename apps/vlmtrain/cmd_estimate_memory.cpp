@@ -174,7 +174,12 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
 
   // Planned micro-batches from the data: the config's datasets or a length stream. The setups
   // stay alive as long as their pipelines (a dataset source reads through its builder).
-  auto setups = std::make_shared<std::vector<std::unique_ptr<data::DataSetup>>>();
+  // A DataSetup keeps a reference to its config: the planned config lives beside it.
+  struct PlannedSetup {
+    std::unique_ptr<Config> config;
+    std::unique_ptr<data::DataSetup> setup;
+  };
+  auto setups = std::make_shared<std::vector<PlannedSetup>>();
   // With train.batch_size auto the planner sizes micro-batches by the target's budget, as
   // training would (docs/sampler.md); without a target, a rank's share is one micro-batch.
   const auto cap_for = [&, target](const Config& c) -> data::MemoryCap {
@@ -190,10 +195,12 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   estimate::PlanFactory plan;
   if (args.data) {
     plan = [setups, ranks = args.ranks, cap_for](const Config& c) {
-      const estimate::PlannedRanks planned = estimate::ranks_to_plan(c, ranks);
-      setups->push_back(
-          std::make_unique<data::DataSetup>(planned.config, planned.ranks, cap_for(c)));
-      return setups->back()->training_pipeline();
+      estimate::PlannedRanks planned = estimate::ranks_to_plan(c, ranks);
+      auto config = std::make_unique<Config>(std::move(planned.config));
+      auto setup = std::make_unique<data::DataSetup>(*config, planned.ranks, cap_for(c));
+      std::unique_ptr<data::PlanningPipeline> pipeline = setup->training_pipeline();
+      setups->push_back({std::move(config), std::move(setup)});
+      return pipeline;
     };
   } else if (!args.lengths.empty()) {
     plan = [path = args.lengths, ranks = args.ranks, cap_for](const Config& c) {

@@ -45,10 +45,10 @@ int main(int argc, char** argv) {
     const double cpu = time_it([&] { estimate::estimate_worst_case(config, false); });
     const double gpu = time_it([&] { estimate::estimate_worst_case(config, true); });
     const auto worst = estimate::estimate_worst_case(config, true);
-    estimate::Target target;
+    sampler::MemoryBudget target;
     target.label = "half";
-    target.device = memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {1, 13}, 1);
-    target.memory_bytes = worst.step.tensors.peak_bytes / 2;
+    target.target = memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {1, 13}, 1);
+    target.device_bytes = worst.step.tensors.peak_bytes / 2;
     const estimate::Verdict verdict = estimate::verdict(worst.spec, worst.step, target, {});
     estimate::RecommendOptions options;
     options.config_path = path;

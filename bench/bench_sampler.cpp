@@ -20,7 +20,8 @@
 #include "core/gpu_catalog.h"
 #include "data/data_setup.h"
 #include "estimate/estimate.h"
-#include "estimate/sampler.h"
+#include "sampler/memory_budget.h"
+#include "sampler/micro_batch_memory.h"
 
 using namespace vlm;
 
@@ -47,7 +48,7 @@ struct Outcome {
 };
 
 // Plans the whole stream and predicts every micro-batch exactly.
-Outcome run(const Config& config, const std::string& stream, const estimate::MicroBatchMemory& m,
+Outcome run(const Config& config, const std::string& stream, const sampler::MicroBatchMemory& m,
             int64_t usable, const data::MemoryCap& cap) {
   Outcome o;
   const auto start = Clock::now();
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
       sets.push_back("train.batch_size=" + std::to_string(b));
       sets.push_back("train.gradient_accumulation_steps=" + std::to_string(kGlobalBatch / b));
       const Config config = load_config("configs/nanovlm.yaml", sets).config;
-      const estimate::MicroBatchMemory m(estimate::run_spec(config, true), h100);
+      const sampler::MicroBatchMemory m(memory::run_spec(config, true), h100);
       Outcome o = run(config, stream, m, usable, {});
       if (o.p50() <= double(usable) || b == 1) {
         const std::string label = "fixed batch_size " + std::to_string(b);
@@ -149,7 +150,7 @@ int main(int argc, char** argv) {
     sets.push_back("train.gradient_accumulation_steps=1");
     sets.push_back("train.global_batch_size=" + std::to_string(kGlobalBatch));
     const Config config = load_config("configs/nanovlm.yaml", sets).config;
-    const estimate::MicroBatchMemory m(estimate::run_spec(config, true), h100);
+    const sampler::MicroBatchMemory m(memory::run_spec(config, true), h100);
     Outcome best;
     for (int i = 0; i < 3; ++i) {
       Outcome o = run(config, stream, m, usable, {m.planner_hook(usable), usable});

@@ -15,8 +15,9 @@
 #include "core/units.h"
 #include "data/data_setup.h"
 #include "estimate/report.h"
-#include "estimate/sampler.h"
 #include "runtime/torch_info.h"
+#include "sampler/memory_budget.h"
+#include "sampler/micro_batch_memory.h"
 #include "train/precision.h"
 
 namespace vlm::app {
@@ -46,101 +47,21 @@ memory::TorchVersion torch_of(const EstimateArgs& args) {
   return *version;
 }
 
-GpuInfo gpu_named(const std::string& name, const std::string& where) {
-  const auto gpu = find_gpu_by_name(name);
-  if (!gpu) {
-    throw UsageError(where + " '" + name + "' is not a GPU of the catalog (" +
-                     join(gpu_names(), ", ") + "); give its memory with --budget instead");
-  }
-  return *gpu;
-}
-
-// Where a budget without a named GPU runs: the config's train.device, `auto` meaning CUDA when
-// this binary is built with it.
-bool budget_on_cuda(const Config& config) {
-  if (config.train.device == "auto") {
-#ifdef VLM_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  }
-  return config.train.device == "cuda";
-}
-
-estimate::Target cuda_target(const GpuInfo& gpu, int64_t memory_bytes, const std::string& label,
-                             const memory::TorchVersion& torch, const EstimateArgs& args,
-                             const Config& config) {
-  estimate::Target t;
-  t.label = label;
-  t.device = memory::DeviceTarget::cuda_device(gpu, torch, args.ranks);
-  t.memory_bytes = memory_bytes;
-  t.safety_margin = config.memory.safety_margin;
-  return t;
-}
-
-// The target of --gpu, --budget or memory.device_memory; nullopt: none given.
-std::optional<estimate::Target> chosen_target(const EstimateArgs& args, const Config& config,
-                                              const memory::TorchVersion& torch) {
-  if (!args.gpu.empty()) {
-    const GpuInfo gpu = gpu_named(args.gpu, "--gpu");
-    return cuda_target(gpu, gpu.memory_bytes, gpu.name, torch, args, config);
-  }
-  std::string budget = args.budget;
-  std::string where = "--budget";
-  if (budget.empty() && config.memory.device_memory != "auto") {
-    budget = config.memory.device_memory;
-    where = "memory.device_memory";
-  }
-  if (!budget.empty()) {
-    if (const auto bytes = parse_bytes(budget)) {
-      if (*bytes <= 0) throw UsageError(where + " " + budget + ": a budget must be positive");
-      if (budget_on_cuda(config)) {
-        GpuInfo unknown;
-        unknown.name = "cuda";
-        return cuda_target(unknown, *bytes, where + " " + budget, torch, args, config);
-      }
-      estimate::Target t;
-      t.label = where + " " + budget;
-      t.device = memory::DeviceTarget::cpu();
-      t.device.torch = torch;
-      t.memory_bytes = *bytes;
-      t.safety_margin = config.memory.safety_margin;
-      return t;
-    }
-    // Not a size: a GPU's name (memory.device_memory takes both), or neither.
-    if (!find_gpu_by_name(budget)) {
-      throw UsageError(where + " '" + budget +
-                       "': neither a memory size (a positive number below 8 EiB with an "
-                       "optional unit: 24GiB, 80GB, 85899345920) nor a GPU of the catalog (" +
-                       join(gpu_names(), ", ") + ")");
-    }
-    const GpuInfo gpu = gpu_named(budget, where);
-    return cuda_target(gpu, gpu.memory_bytes, gpu.name, torch, args, config);
-  }
-  if (!budget_on_cuda(config) && config.memory.simulate_device_bytes.bytes > 0) {
-    estimate::Target t;
-    t.label = "memory.simulate_device_bytes";
-    t.device = memory::DeviceTarget::cpu();
-    t.device.torch = torch;
-    t.memory_bytes = config.memory.simulate_device_bytes.bytes;
-    t.safety_margin = config.memory.safety_margin;
-    return t;
-  }
-  return std::nullopt;
-}
-
 int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
-  if (!args.gpu.empty() && !args.budget.empty()) {
-    throw UsageError("--gpu and --budget: give one target, not both");
-  }
   if (args.data && !args.lengths.empty()) {
     throw UsageError("--data and --lengths: give one source of data, not both");
   }
   const LoadedConfig loaded = load_config_and_logging(global, false);
   const Config& config = loaded.config;
   const memory::TorchVersion torch = torch_of(args);
-  const std::optional<estimate::Target> target = chosen_target(args, config, torch);
+#ifdef VLM_WITH_CUDA
+  constexpr bool kCudaBuild = true;
+#else
+  constexpr bool kCudaBuild = false;
+#endif
+  const std::optional<sampler::MemoryBudget> target = sampler::resolve_budget(
+      config, sampler::planned_device(config, torch, args.ranks, kCudaBuild), 0,
+      {args.gpu, args.budget});
   if (args.check && !target) {
     throw UsageError("--check needs a target: --gpu, --budget or memory.device_memory");
   }
@@ -151,7 +72,7 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   report.ranks = args.ranks;
   report.torch = torch.str();
   report.targeted = target.has_value();
-  const bool cuda = target ? target->device.cuda : true;  // no target: the catalog's GPUs
+  const bool cuda = target ? target->target.cuda : true;  // no target: the catalog's GPUs
   // A CPU target is held to what train would accept there.
   train::require_precision_on(train::parse_precision(config.train.precision), cuda,
                               loaded.where("train.precision"));
@@ -168,8 +89,8 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
     calibration = read_calibration_file(config.memory.calibration);
   }
   const auto calibrated = [&](const memory::DeviceTarget& device) {
-    return estimate::calibration_for(calibration ? &*calibration : nullptr,
-                                     config.memory.calibration, device);
+    return sampler::calibration_for(calibration ? &*calibration : nullptr,
+                                    config.memory.calibration, device);
   };
 
   // Planned micro-batches from the data: the config's datasets or a length stream. The setups
@@ -184,11 +105,9 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   // training would (docs/sampler.md); without a target, a rank's share is one micro-batch.
   const auto cap_for = [&, target](const Config& c) -> data::MemoryCap {
     if (!c.train.batch_size_auto() || !target) return {};
-    const estimate::MicroBatchMemory memory(estimate::run_spec(c, target->device.cuda, args.ranks),
-                                            target->device,
-                                            calibrated(target->device).corrections);
-    if (!memory.why_not().empty()) return {};
-    return {memory.planner_hook(target->budget_bytes()), target->budget_bytes()};
+    const sampler::MicroBatchMemory memory(memory::run_spec(c, target->target.cuda, args.ranks),
+                                           target->target, calibrated(target->target).corrections);
+    return memory.planner_cap(*target);
   };
   // Many ranks: a sample of them is planned (estimate::ranks_to_plan); the budget and the
   // memory spec keep them all.
@@ -223,10 +142,10 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
     }
   }
 
-  const auto result_for = [&](const estimate::Target& t) {
+  const auto result_for = [&](const sampler::MemoryBudget& t) {
     estimate::TargetResult r;
     r.target = t;
-    r.calibration = calibrated(t.device);
+    r.calibration = calibrated(t.target);
     if (report.worst.modelled) {
       r.verdict = estimate::verdict(report.worst.spec, report.worst.step, t, r.calibration.corrections);
       if (report.typical) {
@@ -239,7 +158,7 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
         r.typical = estimate::distribution(peaks);
       }
     } else {
-      r.verdict.budget_bytes = t.budget_bytes();
+      r.verdict.budget_bytes = t.usable_bytes();
     }
     return r;
   };
@@ -247,8 +166,7 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
     report.targets.push_back(result_for(*target));
   } else {
     for (const GpuInfo& gpu : gpu_catalog()) {
-      report.targets.push_back(
-          result_for(cuda_target(gpu, gpu.memory_bytes, gpu.name, torch, args, config)));
+      report.targets.push_back(result_for(sampler::gpu_budget(gpu, config, torch, args.ranks)));
     }
   }
 

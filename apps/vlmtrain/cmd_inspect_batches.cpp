@@ -12,9 +12,10 @@
 #include "data/batch/loader.h"
 #include "data/data_setup.h"
 #include "estimate/estimate.h"
-#include "estimate/sampler.h"
 #include "estimate/shapes.h"
 #include "runtime/torch_info.h"
+#include "sampler/memory_budget.h"
+#include "sampler/micro_batch_memory.h"
 #include "spec/derived.h"
 
 namespace vlm::app {
@@ -33,37 +34,22 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The sampler's memory model for this config as `train` would plan it (docs/sampler.md): on
-// this machine's CPU, or for the GPU memory.device_memory names; with the calibration entry of
-// memory.calibration for that device when it has one.
-estimate::MicroBatchMemory micro_batch_memory(const Config& config,
-                                              const std::optional<estimate::MemoryBudget>& budget,
-                                              int64_t ranks) {
-  memory::DeviceTarget target = memory::DeviceTarget::cpu();
-  target.ranks = ranks;
-  if (const auto torch = memory::parse_torch_version(runtime::torch_version())) target.torch = *torch;
-  if (budget) target = budget->target;
-  memory::DeviceCorrections corrections;
-  if (!config.memory.calibration.empty()) {
-    const CalibrationFile file = read_calibration_file(config.memory.calibration);
-    corrections = estimate::calibration_for(&file, config.memory.calibration, target).corrections;
-  }
-  return estimate::MicroBatchMemory(estimate::run_spec(config, target.cuda), target, corrections);
-}
-
 int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
   const LoadedConfig loaded = load_config_and_logging(global, true);
   log_start_banner(global, loaded);
   const Config& config = loaded.config;
+  // Planned on this machine's CPU, as `train` would plan it here (docs/sampler.md), or for the
+  // GPU memory.device_memory names.
   memory::DeviceTarget here = memory::DeviceTarget::cpu();
   here.ranks = args.ranks;
   if (const auto torch = memory::parse_torch_version(runtime::torch_version())) here.torch = *torch;
-  const std::optional<estimate::MemoryBudget> budget = estimate::resolve_budget(config, here, 0);
-  const estimate::MicroBatchMemory memory = micro_batch_memory(config, budget, args.ranks);
+  const std::optional<sampler::MemoryBudget> budget = sampler::resolve_budget(config, here, 0);
+  const sampler::MicroBatchMemory memory =
+      sampler::MicroBatchMemory::of(config, budget ? budget->target : here);
   const bool modelled = memory.why_not().empty();
   if (!modelled) spdlog::info("memory model: no predictions for this config ({})", memory.why_not());
   data::MemoryCap cap;
-  if (budget && modelled) cap = {memory.planner_hook(budget->usable_bytes()), budget->usable_bytes()};
+  if (budget) cap = memory.planner_cap(*budget);
   if (config.train.batch_size_auto() && !cap.predict) {
     spdlog::info("memory budget: none (memory.device_memory auto on the CPU and no "
                  "memory.simulate_device_bytes): each micro-batch takes a rank's whole share of "
@@ -103,7 +89,7 @@ int run_inspect(const GlobalOptions& global, const InspectArgs& args) {
         for (auto& rank : loaded_step->plan.micro_batches) {
           for (auto& micro : rank) {
             if (micro.packs.empty() || micro.predicted_bytes > 0) continue;
-            micro.predicted_bytes = memory.predict(estimate::batch_shape(micro.packs));
+            micro.predicted_bytes = memory.predict(sampler::batch_shape(micro.packs));
           }
         }
       }

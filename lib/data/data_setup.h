@@ -19,7 +19,7 @@
 namespace vlm::data {
 
 // A byte cap on every micro-batch the step planner forms (the memory-aware sampler:
-// estimate/sampler.h): a predictor and the cap it is held to. Empty: no cap.
+// sampler/micro_batch_memory.h): a predictor and the cap it is held to. Empty: no cap.
 struct MemoryCap {
   MemoryPredictor predict;
   int64_t bytes = 0;

@@ -7,15 +7,9 @@
 #include "estimate/shapes.h"
 #include "memory/calibration.h"
 #include "memory/step_peaks.h"
+#include "sampler/micro_batch_memory.h"
 
 namespace vlm::estimate {
-
-memory::MemorySpec run_spec(const Config& config, bool cuda, int64_t ranks) {
-  memory::MemorySpec spec = memory::memory_spec(config);
-  if (cuda) spec.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
-  spec.ranks = ranks;
-  return spec;
-}
 
 StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& shape,
                    int64_t micro_steps, bool preflight) {
@@ -39,7 +33,7 @@ StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& sha
 
 WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks) {
   WorstCaseEstimate e;
-  e.spec = run_spec(config, cuda, ranks);
+  e.spec = memory::run_spec(config, cuda, ranks);
   e.statics = memory::static_memory(e.spec);
   e.worst = data::worst_case(data::worst_case_inputs(config));
   const std::vector<memory::BatchShape> shapes = worst_case_shapes(config, e.worst);
@@ -80,32 +74,13 @@ std::string unmodelled_torch(const memory::TorchVersion& torch) {
          "follows LibTorch 1.13's operators";
 }
 
-int64_t Target::budget_bytes() const {
-  return static_cast<int64_t>(std::floor(static_cast<double>(memory_bytes) * (1.0 - safety_margin)));
-}
-
-TargetCalibration calibration_for(const CalibrationFile* file, const std::string& path,
-                                  const memory::DeviceTarget& device) {
-  TargetCalibration c;
-  c.file = path;
-  if (file) {
-    if (const CalibrationEntry* entry = file->find(device.device_key(), device.torch.str())) {
-      c.entry = *entry;
-    }
-  }
-  const CalibrationEntry* entry = c.entry ? &*c.entry : nullptr;
-  c.corrections = memory::corrections_of(entry);
-  c.uncalibrated = memory::uncalibrated_terms(entry, device.cuda);
-  return c;
-}
-
-Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step, const Target& target,
-                const memory::DeviceCorrections& corrections) {
+Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step,
+                const sampler::MemoryBudget& target, const memory::DeviceCorrections& corrections) {
   Verdict v;
   v.device = memory::device_breakdown(spec, step.state, step.tensors.peak_bytes,
-                                      step.tensors.static_bytes, target.device, corrections);
-  v.peak_bytes = target.device.cuda ? v.device.device : step.tensors.peak_bytes;
-  v.budget_bytes = target.budget_bytes();
+                                      step.tensors.static_bytes, target.target, corrections);
+  v.peak_bytes = target.target.cuda ? v.device.device : step.tensors.peak_bytes;
+  v.budget_bytes = target.usable_bytes();
   v.headroom_bytes = v.budget_bytes - v.peak_bytes;
   v.fits = v.headroom_bytes >= 0;
   return v;
@@ -158,7 +133,7 @@ TypicalEstimate estimate_typical(const memory::MemorySpec& spec, data::PlanningP
       for (const data::MicroBatch& micro : rank) {
         if (micro.packs.empty()) continue;
         ++t.micro_batches;
-        const memory::BatchShape shape = batch_shape(micro.packs);
+        const memory::BatchShape shape = sampler::batch_shape(micro.packs);
         const memory::StepPrediction p = memory::predict_step(spec, {shape}, {true, true});
         if (!p.modelled) {
           ++t.unmodelled;

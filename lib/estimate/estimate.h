@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "core/config.h"
-#include "core/memory_calibration_file.h"
 #include "data/packing/planning_pipeline.h"
 #include "data/packing/worst_case.h"
 #include "memory/batch_shape.h"
@@ -19,13 +18,9 @@
 #include "memory/saved_activations.h"
 #include "memory/static_memory.h"
 #include "memory/step_prediction.h"
+#include "sampler/memory_budget.h"
 
 namespace vlm::estimate {
-
-// The memory spec of `config` for a run on a CUDA device (no CPU-only terms) or on this CPU
-// (train.threads; 0 there means this rank's share of the cores), over `ranks` data-parallel
-// ranks (the gradient all-reduce from 2 on).
-memory::MemorySpec run_spec(const Config& config, bool cuda, int64_t ranks = 1);
 
 // A step made of `micro_steps` micro-batches of one shape, at the heaviest of the states a run
 // goes through: its first step (the preflight's gradients, AdamW's moments created) and every
@@ -71,26 +66,6 @@ WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t r
 // reason it is not modelled, or "" for a version the model covers.
 std::string unmodelled_torch(const memory::TorchVersion& torch);
 
-// Where the step must fit: a device's memory less memory.safety_margin.
-struct Target {
-  std::string label;  // "H100-80GB", "--budget 12GiB", ...
-  memory::DeviceTarget device;
-  int64_t memory_bytes = 0;
-  double safety_margin = 0.0;
-  int64_t budget_bytes() const;  // memory_bytes * (1 - safety_margin)
-};
-
-// The corrections memory.calibration holds for a target's device and LibTorch.
-struct TargetCalibration {
-  std::string file;  // memory.calibration; "" when none is configured
-  std::optional<CalibrationEntry> entry;
-  memory::DeviceCorrections corrections;
-  std::vector<std::string> uncalibrated;  // the terms the prediction uses without a fit
-};
-// `file` is null when memory.calibration is empty.
-TargetCalibration calibration_for(const CalibrationFile* file, const std::string& path,
-                                  const memory::DeviceTarget& device);
-
 // A tensor peak set against a target: the device's layers over it (memory/device_terms.h;
 // on the CPU every term is 0), and the verdict.
 struct Verdict {
@@ -100,8 +75,8 @@ struct Verdict {
   bool fits = false;
   int64_t headroom_bytes = 0;  // budget - peak (negative: missing)
 };
-Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step, const Target& target,
-                const memory::DeviceCorrections& corrections);
+Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step,
+                const sampler::MemoryBudget& target, const memory::DeviceCorrections& corrections);
 
 // Peaks over the micro-batches the planner forms from real data (p50, p99, max, mean).
 struct Distribution {

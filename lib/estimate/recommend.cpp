@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "estimate/shapes.h"
 #include "estimate/throughput.h"
+#include "sampler/micro_batch_memory.h"
 
 namespace vlm::estimate {
 
@@ -190,8 +191,8 @@ class Search {
       std::vector<std::string> overrides = options_.overrides;
       overrides.insert(overrides.end(), set.begin(), set.end());
       const Config config = load_config(options_.config_path, overrides).config;
-      const WorstCaseEstimate e = estimate_worst_case(config, options_.target.device.cuda,
-                                                      options_.target.device.ranks);
+      const WorstCaseEstimate e =
+          estimate_worst_case(config, options_.target.target.cuda, options_.target.target.ranks);
       if (e.modelled) {
         const Verdict v = verdict(e.spec, e.step, options_.target, options_.corrections);
         Recommendation r;
@@ -245,7 +246,7 @@ class Search {
         for (const auto& rank : step->plan.micro_batches) {
           for (const data::MicroBatch& micro : rank) {
             if (micro.packs.empty()) continue;
-            shapes.push_back(batch_shape(micro.packs));
+            shapes.push_back(sampler::batch_shape(micro.packs));
             for (const data::Pack& p : micro.packs) samples += static_cast<int64_t>(p.items.size());
           }
         }

@@ -39,7 +39,7 @@ using PlanFactory = std::function<std::unique_ptr<data::PlanningPipeline>(const 
 struct RecommendOptions {
   std::string config_path;             // "" = the built-in defaults
   std::vector<std::string> overrides;  // the user's --set flags, applied first
-  Target target;
+  sampler::MemoryBudget target;
   memory::DeviceCorrections corrections;
   PlanFactory plan;         // re-plans data-dependent levers when set
   // Whether `plan` measures images again under a candidate's resize rules (the datasets); a

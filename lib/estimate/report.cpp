@@ -211,8 +211,8 @@ json to_json(const Report& r) {
     json d = json::object();
     for (const auto& [name, bytes] : t.verdict.device.terms()) d[name] = bytes;
     json entry = {{"name", t.target.label},
-                  {"device", t.target.device.cuda ? "cuda" : "cpu"},
-                  {"memory_bytes", t.target.memory_bytes},
+                  {"device", t.target.target.cuda ? "cuda" : "cpu"},
+                  {"memory_bytes", t.target.device_bytes},
                   {"budget_bytes", t.verdict.budget_bytes},
                   {"peak_bytes", e.modelled ? json(t.verdict.peak_bytes) : json(nullptr)},
                   {"fits", e.modelled ? json(t.verdict.fits) : json(nullptr)},
@@ -220,10 +220,9 @@ json to_json(const Report& r) {
                   {"device_terms", d},
                   {"calibration",
                    {{"file", t.calibration.file.empty() ? json(nullptr) : json(t.calibration.file)},
-                    {"entry", t.calibration.entry
-                                  ? json{{"device", t.calibration.entry->device},
-                                         {"torch", t.calibration.entry->torch}}
-                                  : json(nullptr)},
+                    {"entry", t.calibration.entry ? json{{"device", t.calibration.entry->device},
+                                                         {"torch", t.calibration.entry->torch}}
+                                                  : json(nullptr)},
                     {"uncalibrated", t.calibration.uncalibrated}}}};
     if (t.typical) entry["typical_peak_bytes"] = distribution_json(*t.typical);
     targets.push_back(entry);
@@ -360,7 +359,7 @@ std::string to_text(const Report& r, bool bars) {
     const TargetResult& t = r.targets.front();
     out << "  budget = memory x (1 - memory.safety_margin " << fixed(t.target.safety_margin, 2)
         << ")";
-    if (t.target.device.cuda) {
+    if (t.target.target.cuda) {
       out << "; on CUDA the peak includes the device terms (allocator rounding, workspaces, "
              "context, fragmentation: docs/memory-device.md), LibTorch "
           << r.torch;
@@ -377,8 +376,8 @@ std::string to_text(const Report& r, bool bars) {
           }
         }
         out << "\n";
-      } else if (t.target.device.cuda) {
-        out << "  uncalibrated for " << t.target.device.device_key() << " / LibTorch " << r.torch
+      } else if (t.target.target.cuda) {
+        out << "  uncalibrated for " << t.target.target.device_key() << " / LibTorch " << r.torch
             << (t.calibration.file.empty() ? " (no memory.calibration)"
                                            : " (no entry in " + t.calibration.file + ")")
             << ": ";

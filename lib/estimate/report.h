@@ -12,12 +12,13 @@
 #include "core/config.h"
 #include "estimate/estimate.h"
 #include "estimate/recommend.h"
+#include "sampler/micro_batch_memory.h"
 
 namespace vlm::estimate {
 
 struct TargetResult {
-  Target target;
-  TargetCalibration calibration;
+  sampler::MemoryBudget target;
+  sampler::TargetCalibration calibration;
   Verdict verdict;
   std::optional<Distribution> typical;  // the typical micro-batches' peaks on this target
 };

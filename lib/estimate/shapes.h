@@ -1,6 +1,6 @@
-// Micro-batch shapes for the memory model (memory::BatchShape), from the data layer's plans and
-// limits alone: a planned micro-batch as the collator will lay it out, and the heaviest
-// micro-batches a config allows. Metadata only: no token, no pixel.
+// The heaviest micro-batch shapes a config allows (memory::BatchShape), from the data layer's
+// limits alone (a planned micro-batch's shape: sampler::batch_shape). Metadata only: no token, no
+// pixel.
 #pragma once
 
 #include <cstdint>
@@ -12,12 +12,6 @@
 #include "memory/batch_shape.h"
 
 namespace vlm::estimate {
-
-// The collator's layout (data/batch/host_batch.cpp): one row per pack, every row padded to the
-// longest pack rounded up to 8 tokens; a row's segments are its samples in pack order, then its
-// padding when there is any. Equal to train::batch_shape of the collated batch.
-memory::BatchShape batch_shape(const std::vector<const data::Pack*>& packs);
-memory::BatchShape batch_shape(const std::vector<data::Pack>& packs);
 
 // The candidates for the heaviest micro-batch of `config`: batch_size rows of max_seq_len
 // tokens, each row one sample (one attention segment: the largest sum of squared lengths), with

@@ -56,4 +56,11 @@ MemorySpec memory_spec(const Config& config) {
   return s;
 }
 
+MemorySpec run_spec(const Config& config, bool cuda, int64_t ranks) {
+  MemorySpec spec = memory_spec(config);
+  if (cuda) spec.threads = 0;  // the CPU-only terms
+  spec.ranks = ranks;
+  return spec;
+}
+
 }  // namespace vlm::memory

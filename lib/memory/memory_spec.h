@@ -55,6 +55,9 @@ bool onednn_bf16_products();
 
 // The spec of a config's run (model.*, train.precision, train.lr.*).
 MemorySpec memory_spec(const Config& config);
+// The spec of `config`'s run on a CUDA device (no CPU-only terms: threads 0) or on this CPU,
+// over `ranks` data-parallel ranks (the gradient all-reduce from 2 on).
+MemorySpec run_spec(const Config& config, bool cuda, int64_t ranks = 1);
 // The spec of a model built from `levers` alone (no learning rate freezes a module).
 MemorySpec memory_spec(const spec::ModelSpec& dims, const ModelLevers& levers,
                        ComputePrecision precision);

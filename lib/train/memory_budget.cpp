@@ -41,7 +41,7 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
                                        int64_t device_total_bytes)
     : scale_(prediction_scale()) {
   const bool auto_batch = config.train.batch_size_auto();
-  budget_ = estimate::resolve_budget(config, predictor.target(), device_total_bytes);
+  budget_ = sampler::resolve_budget(config, predictor.target(), device_total_bytes);
   if (!budget_) {
     if (auto_batch) {
       spdlog::info(
@@ -52,7 +52,11 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
     }
     return;
   }
-  memory_.emplace(predictor.spec(), budget_->target, predictor.corrections());
+  // The predictor's corrections are its device's; a GPU named on the CPU has its own.
+  memory_.emplace(predictor.spec(), budget_->target,
+                  budget_->target.device_key() == predictor.target().device_key()
+                      ? predictor.corrections()
+                      : sampler::calibration_for(config, budget_->target).corrections);
   // The model states' bytes do not depend on what the replay covers: checked whatever follows,
   // before the trainer builds the model (a device they alone exceed would fail there instead,
   // with the allocator's bare message).
@@ -60,7 +64,7 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
     throw Error(ExitCode::kOutOfMemory,
                 "the model states alone (" + gib(statics) +
                     ": parameters, gradients, AdamW's moments) exceed the memory budget of " +
-                    gib(budget_->usable_bytes()) + " (" + budget_->source +
+                    gib(budget_->usable_bytes()) + " (" + budget_->label +
                     " x (1 - memory.safety_margin " + format_real(budget_->safety_margin) +
                     ")); freeze a module, or train on a larger device");
   }
@@ -97,13 +101,14 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
   }
   const int64_t usable = budget_->usable_bytes();
   const int64_t statics = memory_->static_bytes();
-  spdlog::info("memory budget: {} = {} x (1 - {}) = {}; model states {}, {} left for each "
-               "micro-batch's activations{}",
-               budget_->source, gib(budget_->device_bytes), format_real(budget_->safety_margin),
-               gib(usable), gib(statics), gib(usable - statics),
-               scale_ != 1.0 ? " (predictions scaled by VLMTRAIN_PREDICTION_SCALE " +
-                                   format_real(scale_) + ")"
-                             : "");
+  spdlog::info(
+      "memory budget: {} = {} x (1 - {}) = {}; model states {}, {} left for each "
+      "micro-batch's activations{}",
+      budget_->label, gib(budget_->device_bytes), format_real(budget_->safety_margin), gib(usable),
+      gib(statics), gib(usable - statics),
+      scale_ != 1.0
+          ? " (predictions scaled by VLMTRAIN_PREDICTION_SCALE " + format_real(scale_) + ")"
+          : "");
 }
 
 data::MemoryCap MemoryBudgetKeeper::planner_cap() const {

@@ -3,7 +3,7 @@
 // learning from out-of-memory errors in bytes.
 //
 //   budget in force = min(usable budget, learned cap)
-//   usable budget   = memory.device_memory x (1 - memory.safety_margin) (estimate/sampler.h)
+//   usable budget   = memory.device_memory x (1 - memory.safety_margin) (sampler/memory_budget.h)
 //   learned cap     = after an OOM of a micro-batch predicted at P: 0.9 P, the smallest any
 //                     rank proposes; grows 1.25x after 50 clean steps and is dropped once it
 //                     reaches the usable budget; kept in the run state (a resume keeps it)
@@ -20,7 +20,8 @@
 #include "core/config.h"
 #include "data/batch/host_batch.h"
 #include "data/data_setup.h"
-#include "estimate/sampler.h"
+#include "sampler/memory_budget.h"
+#include "sampler/micro_batch_memory.h"
 #include "train/memory_prediction.h"
 #include "train/run_state.h"
 
@@ -54,7 +55,7 @@ class MemoryBudgetKeeper {
   std::optional<Heaviest> heaviest(const Config& config, int64_t max_rows) const;
 
   bool has_budget() const { return budget_.has_value(); }
-  const std::string& source() const { return budget_->source; }
+  const std::string& source() const { return budget_->label; }
   int64_t usable_bytes() const { return budget_ ? budget_->usable_bytes() : 0; }
   // The budget in force: the usable budget, lowered by a learned cap; 0 = none.
   int64_t in_force(const RunState& state) const;
@@ -67,8 +68,8 @@ class MemoryBudgetKeeper {
   void step_done(RunState& state, int64_t oom_retries) const;
 
  private:
-  std::optional<estimate::MemoryBudget> budget_;
-  std::optional<estimate::MicroBatchMemory> memory_;  // nullopt: the run is not modelled
+  std::optional<sampler::MemoryBudget> budget_;
+  std::optional<sampler::MicroBatchMemory> memory_;   // nullopt: the run is not modelled
   double scale_ = 1.0;                                // VLMTRAIN_PREDICTION_SCALE
 };
 

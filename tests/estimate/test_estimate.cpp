@@ -144,22 +144,22 @@ TEST_CASE("a GPU spec has no CPU-only terms: a CUDA estimate is at most the CPU 
 TEST_CASE("verdicts: the budget is memory less the safety margin, CUDA adds the device terms") {
   const Config config = demo_config();
   const auto e = estimate::estimate_worst_case(config, false);
-  estimate::Target cpu;
+  sampler::MemoryBudget cpu;
   cpu.label = "cpu";
-  cpu.memory_bytes = 2 * e.step.tensors.peak_bytes;
+  cpu.device_bytes = 2 * e.step.tensors.peak_bytes;
   cpu.safety_margin = 0.5;
   const estimate::Verdict exact = estimate::verdict(e.spec, e.step, cpu, {});
   CHECK(exact.budget_bytes == e.step.tensors.peak_bytes);
   CHECK(exact.peak_bytes == e.step.tensors.peak_bytes);
   CHECK(exact.fits);
   CHECK(exact.headroom_bytes == 0);
-  cpu.memory_bytes -= 2;
+  cpu.device_bytes -= 2;
   CHECK_FALSE(estimate::verdict(e.spec, e.step, cpu, {}).fits);
 
   const auto g = estimate::estimate_worst_case(config, true);
-  estimate::Target h100;
-  h100.device = memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {2, 4}, 1);
-  h100.memory_bytes = h100.device.gpu.memory_bytes;
+  sampler::MemoryBudget h100;
+  h100.target = memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {2, 4}, 1);
+  h100.device_bytes = h100.target.gpu.memory_bytes;
   const estimate::Verdict v = estimate::verdict(g.spec, g.step, h100, {});
   CHECK(v.peak_bytes == v.device.device);
   CHECK(v.peak_bytes > g.step.tensors.peak_bytes + memory::DeviceCorrections{}.cuda_context_bytes);
@@ -199,9 +199,9 @@ TEST_CASE("recommendations below the needed budget fit it when re-estimated, bes
   const std::string path = VLM_SOURCE_DIR "/configs/demo.yaml";
   const Config config = load_config(path).config;
   const auto e = estimate::estimate_worst_case(config, false);
-  estimate::Target target;
+  sampler::MemoryBudget target;
   target.label = "budget";
-  target.memory_bytes = e.step.tensors.peak_bytes * 9 / 10;
+  target.device_bytes = e.step.tensors.peak_bytes * 9 / 10;
   const estimate::Verdict v = estimate::verdict(e.spec, e.step, target, {});
   REQUIRE_FALSE(v.fits);
   estimate::RecommendOptions options;
@@ -212,7 +212,7 @@ TEST_CASE("recommendations below the needed budget fit it when re-estimated, bes
   for (size_t i = 0; i < recs.size(); ++i) {
     INFO("recommendation " << i);
     CHECK(recs[i].fits);
-    CHECK(recs[i].peak_bytes <= target.budget_bytes());
+    CHECK(recs[i].peak_bytes <= target.usable_bytes());
     if (i > 0 && recs[i].relative_throughput && recs[i - 1].relative_throughput) {
       CHECK(*recs[i].relative_throughput <= *recs[i - 1].relative_throughput);
     }
@@ -224,7 +224,7 @@ TEST_CASE("recommendations below the needed budget fit it when re-estimated, bes
     CHECK(again.step.tensors.peak_bytes == recs[i].peak_bytes);
   }
   // A budget that fits as it is gets no recommendation without room to spare.
-  target.memory_bytes = e.step.tensors.peak_bytes + 1;
+  target.device_bytes = e.step.tensors.peak_bytes + 1;
   CHECK(estimate::recommend(config, e, estimate::verdict(e.spec, e.step, target, {}), options)
             .empty());
 }
@@ -236,9 +236,9 @@ TEST_CASE("with data every recommendation has a throughput, measured on re-plann
   const Config config = load_config(path).config;
   const std::string stream = write_stream(dir / "stream.jsonl", config, 300, 7);
   const auto e = estimate::estimate_worst_case(config, false);
-  estimate::Target target;
+  sampler::MemoryBudget target;
   target.label = "budget";
-  target.memory_bytes = e.step.tensors.peak_bytes * 3 / 4;
+  target.device_bytes = e.step.tensors.peak_bytes * 3 / 4;
   estimate::RecommendOptions options;
   options.config_path = path;
   options.target = target;
@@ -280,9 +280,9 @@ TEST_CASE("the JSON report carries every key docs/estimate-memory.md documents, 
   const Config config = demo_config();
   report.resolved = config;
   report.worst = estimate::estimate_worst_case(config, false);
-  estimate::Target target;
+  sampler::MemoryBudget target;
   target.label = "budget";
-  target.memory_bytes = report.worst.step.tensors.peak_bytes / 2;
+  target.device_bytes = report.worst.step.tensors.peak_bytes / 2;
   report.targeted = true;
   estimate::TargetResult result;
   result.target = target;

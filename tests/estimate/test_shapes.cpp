@@ -5,6 +5,7 @@
 #include "core/config_io.h"
 #include "data/data_setup.h"
 #include "estimate/shapes.h"
+#include "sampler/micro_batch_memory.h"
 #include "spec/derived.h"
 #include "spec/image_tokens.h"
 
@@ -25,7 +26,7 @@ data::Pack pack_of(const std::vector<int64_t>& tokens, int64_t crops_each = 0,
 TEST_CASE("a planned micro-batch's shape is the collator's layout: rows padded to the longest, "
           "rounded up to 8, padding its own segment") {
   const memory::BatchShape s =
-      estimate::batch_shape({pack_of({100, 50}, 2, 10), pack_of({161}, 0, 7)});
+      sampler::batch_shape({pack_of({100, 50}, 2, 10), pack_of({161}, 0, 7)});
   CHECK(s.rows == 2);
   CHECK(s.row_tokens == 168);  // 161 rounded up to 8
   CHECK(s.segment_lengths == std::vector<int64_t>{100, 50, 18, 161, 7});
@@ -34,7 +35,7 @@ TEST_CASE("a planned micro-batch's shape is the collator's layout: rows padded t
   CHECK(s.sum_segment_len_sq == 100 * 100 + 50 * 50 + 18 * 18 + 161 * 161 + 7 * 7);
   CHECK(s.max_segment_len == 161);
   // A row that fills the rounded length exactly has no padding segment.
-  CHECK(estimate::batch_shape({pack_of({64})}).segment_lengths == std::vector<int64_t>{64});
+  CHECK(sampler::batch_shape({pack_of({64})}).segment_lengths == std::vector<int64_t>{64});
 }
 
 TEST_CASE("nanoVLM's defaults: 18 images per row can never be reached, the worst row is spelled "

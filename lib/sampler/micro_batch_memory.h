@@ -1,10 +1,7 @@
-// The memory-aware sampler's half in the estimate layer (docs/sampler.md): the memory budget a
-// run's micro-batches must fit, and the predictor the step planner asks about every micro-batch
-// it considers (data/packing/step_planner.h). Torch-free and metadata-only.
+// The memory-aware sampler's predictor (docs/sampler.md): the peak of a step made of one
+// micro-batch, on the budget's target, from the packs' metadata alone; what the step planner
+// asks about every micro-batch it considers (data/packing/step_planner.h). Torch-free.
 //
-//   budget  = device memory x (1 - memory.safety_margin)
-//   device  = memory.device_memory: auto (what the device reports; on the CPU
-//             memory.simulate_device_bytes, or no budget at all), a size, or a catalog GPU
 //   a micro-batch fits when the predicted peak of a step made of it, on the target (tensor
 //   bytes on the CPU, the device figure on CUDA: docs/memory-device.md), is within the budget
 //   in force; the model states are in that peak, so what remains of the budget after them
@@ -17,37 +14,43 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/memory_calibration_file.h"
+#include "data/data_setup.h"
 #include "data/packing/pack_item.h"
 #include "data/packing/step_planner.h"
 #include "memory/batch_shape.h"
 #include "memory/device_terms.h"
 #include "memory/memory_spec.h"
+#include "sampler/memory_budget.h"
 
-namespace vlm::estimate {
+namespace vlm::sampler {
 
-struct MemoryBudget {
-  std::string source;        // where the device size comes from, for the log and reports
-  int64_t device_bytes = 0;  // the device's memory
-  double safety_margin = 0.0;
-  memory::DeviceTarget target;  // what the predictions are for
-  int64_t usable_bytes() const;  // floor(device_bytes x (1 - safety_margin))
+// The collator's layout of planned packs (data/batch/host_batch.cpp): one row per pack, every
+// row padded to collated_row_length of the longest pack; a row's segments are its samples in
+// pack order, then its padding when there is any. Equal to train::batch_shape of the collated
+// batch.
+memory::BatchShape batch_shape(const std::vector<const data::Pack*>& packs);
+memory::BatchShape batch_shape(const std::vector<data::Pack>& packs);
+
+// The corrections memory.calibration holds for a device and LibTorch.
+struct TargetCalibration {
+  std::string file;  // memory.calibration; "" when none is configured
+  std::optional<CalibrationEntry> entry;
+  memory::DeviceCorrections corrections;
+  std::vector<std::string> uncalibrated;  // the terms the prediction uses without a fit
 };
+// `file` is null when memory.calibration is empty.
+TargetCalibration calibration_for(const CalibrationFile* file, const std::string& path,
+                                  const memory::DeviceTarget& device);
+// The same, reading `config`'s memory.calibration (ConfigError when it is missing or bad).
+TargetCalibration calibration_for(const Config& config, const memory::DeviceTarget& device);
 
-// The budget of a run on `device` (memory::DeviceTarget::cpu() or the CUDA device), whose
-// total memory is `device_total_bytes` (CUDA; ignored on the CPU). nullopt: no budget
-// (memory.device_memory auto on the CPU without memory.simulate_device_bytes). A catalog GPU
-// named on the CPU makes the predictions that GPU's, on this binary's LibTorch.
-std::optional<MemoryBudget> resolve_budget(const Config& config,
-                                           const memory::DeviceTarget& device,
-                                           int64_t device_total_bytes);
-
-// Predicts micro-batches for the planner: the peak of a step of one micro-batch in a run's
-// steady state (gradients and AdamW's moments live: the heaviest state for the forward and
-// backward), on the target, from the packs' metadata alone.
 class MicroBatchMemory {
  public:
   MicroBatchMemory(memory::MemorySpec spec, memory::DeviceTarget target,
                    memory::DeviceCorrections corrections = {});
+  // The predictor of a run of `config` on `target` with memory.calibration's corrections.
+  static MicroBatchMemory of(const Config& config, const memory::DeviceTarget& target);
 
   // The exact prediction on the target (tensor bytes on the CPU, device bytes on CUDA).
   // A shape the replay does not cover (no supervised token) is predicted with one.
@@ -62,6 +65,9 @@ class MicroBatchMemory {
   // micro-batch whose forward alone already exceeds the cap (the model states, the batch and
   // the saved activations: a closed form, 100x cheaper than the replay) gets that lower bound.
   data::MemoryPredictor planner_hook(int64_t cap_bytes) const;
+  // The planner's cap for `budget`: every micro-batch held to its usable bytes; none when the
+  // config is outside the memory model.
+  data::MemoryCap planner_cap(const MemoryBudget& budget) const;
 
  private:
   int64_t on_target(int64_t tensor_peak) const;
@@ -75,4 +81,4 @@ class MicroBatchMemory {
   std::string why_not_;
 };
 
-}  // namespace vlm::estimate
+}  // namespace vlm::sampler

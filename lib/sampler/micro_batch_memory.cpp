@@ -1,15 +1,15 @@
-#include "estimate/sampler.h"
+#include "sampler/micro_batch_memory.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/gpu_catalog.h"
 #include "core/units.h"
-#include "estimate/shapes.h"
+#include "memory/calibration.h"
 #include "memory/saved_activations.h"
 #include "memory/step_prediction.h"
 
-namespace vlm::estimate {
+namespace vlm::sampler {
 namespace {
 
 constexpr memory::StepState kSteadyState{true, true};
@@ -22,39 +22,57 @@ memory::MemorySpec target_spec(memory::MemorySpec spec, const memory::DeviceTarg
 
 }  // namespace
 
-int64_t MemoryBudget::usable_bytes() const {
-  return static_cast<int64_t>(std::floor(static_cast<double>(device_bytes) * (1.0 - safety_margin)));
+memory::BatchShape batch_shape(const std::vector<data::Pack>& packs) {
+  std::vector<const data::Pack*> pointers;
+  pointers.reserve(packs.size());
+  for (const data::Pack& pack : packs) pointers.push_back(&pack);
+  return batch_shape(pointers);
 }
 
-std::optional<MemoryBudget> resolve_budget(const Config& config,
-                                           const memory::DeviceTarget& device,
-                                           int64_t device_total_bytes) {
-  MemoryBudget b;
-  b.safety_margin = config.memory.safety_margin;
-  b.target = device;
-  const std::string& named = config.memory.device_memory;
-  if (named == "auto") {
-    if (config.memory.simulate_device_bytes.bytes > 0) {  // the cap the trainer installs
-      b.device_bytes = config.memory.simulate_device_bytes.bytes;
-      b.source = "memory.simulate_device_bytes";
-    } else if (device.cuda) {
-      b.device_bytes = device_total_bytes;
-      b.source = "the CUDA device (" + device.gpu.name + ", memory.device_memory auto)";
-    } else {
-      return std::nullopt;
-    }
-  } else if (const auto bytes = parse_bytes(named)) {
-    b.device_bytes = *bytes;
-    b.source = "memory.device_memory = " + named;
-  } else if (const auto gpu = find_gpu_by_name(named)) {
-    b.device_bytes = gpu->memory_bytes;
-    b.source = "memory.device_memory = " + named;
-    // Planned on the CPU for that GPU (inspect-batches on a laptop): its device terms.
-    if (!device.cuda) b.target = memory::DeviceTarget::cuda_device(*gpu, device.torch, device.ranks);
-  } else {
-    return std::nullopt;  // config validation refuses anything else
+memory::BatchShape batch_shape(const std::vector<const data::Pack*>& packs) {
+  int64_t longest = 1, crops = 0, supervised = 0;
+  size_t items = 0;
+  for (const data::Pack* pack : packs) {
+    longest = std::max(longest, pack->tokens);
+    crops += pack->crops;
+    supervised += pack->supervised;
+    items += pack->items.size() + 1;
   }
-  return b;
+  const int64_t row_tokens = data::collated_row_length(longest);
+  std::vector<int64_t> segments;
+  segments.reserve(items);
+  for (const data::Pack* pack : packs) {
+    for (const data::PackItem& item : pack->items) segments.push_back(item.tokens);
+    if (pack->tokens < row_tokens) segments.push_back(row_tokens - pack->tokens);
+  }
+  return memory::BatchShape::from_segments(static_cast<int64_t>(packs.size()), row_tokens, segments,
+                                           crops, supervised);
+}
+
+TargetCalibration calibration_for(const CalibrationFile* file, const std::string& path,
+                                  const memory::DeviceTarget& device) {
+  TargetCalibration c;
+  c.file = path;
+  if (file) {
+    if (const CalibrationEntry* entry = file->find(device.device_key(), device.torch.str())) {
+      c.entry = *entry;
+    }
+  }
+  const CalibrationEntry* entry = c.entry ? &*c.entry : nullptr;
+  c.corrections = memory::corrections_of(entry);
+  c.uncalibrated = memory::uncalibrated_terms(entry, device.cuda);
+  return c;
+}
+
+TargetCalibration calibration_for(const Config& config, const memory::DeviceTarget& device) {
+  if (config.memory.calibration.empty()) return calibration_for(nullptr, "", device);
+  const CalibrationFile file = read_calibration_file(config.memory.calibration);
+  return calibration_for(&file, config.memory.calibration, device);
+}
+
+MicroBatchMemory MicroBatchMemory::of(const Config& config, const memory::DeviceTarget& target) {
+  return MicroBatchMemory(memory::run_spec(config, target.cuda, target.ranks), target,
+                          calibration_for(config, target).corrections);
 }
 
 MicroBatchMemory::MicroBatchMemory(memory::MemorySpec spec, memory::DeviceTarget target,
@@ -124,4 +142,9 @@ data::MemoryPredictor MicroBatchMemory::planner_hook(int64_t cap_bytes) const {
   };
 }
 
-}  // namespace vlm::estimate
+data::MemoryCap MicroBatchMemory::planner_cap(const MemoryBudget& budget) const {
+  if (!why_not_.empty()) return {};
+  return {planner_hook(budget.usable_bytes()), budget.usable_bytes()};
+}
+
+}  // namespace vlm::sampler

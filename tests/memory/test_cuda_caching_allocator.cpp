@@ -16,6 +16,7 @@
 
 #include "memory/cuda_caching_allocator.h"
 #include "memory/recorded_trace.h"
+#include "support/test_support.h"
 
 namespace fs = std::filesystem;
 using vlm::memory::CudaCachingAllocatorModel;
@@ -23,18 +24,6 @@ using vlm::memory::CudaCachingAllocatorModel;
 namespace {
 
 constexpr int64_t MiB = 1 << 20;
-
-// A recorded trace, decompressed by xz (the traces are stored xz-compressed).
-std::string decompressed(const fs::path& file) {
-  const std::string command = "xz -dc '" + file.string() + "'";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string text;
-  char buffer[1 << 16];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) text.append(buffer, n);
-  REQUIRE(pclose(pipe) == 0);
-  return text;
-}
 
 std::vector<fs::path> recorded_traces() {
   std::vector<fs::path> out;
@@ -126,7 +115,7 @@ TEST_CASE("every recorded GPU trace replays on the allocator model, choice for c
   int replayed = 0;
   for (const fs::path& file : traces) {
     CAPTURE(file.string());
-    std::istringstream in(decompressed(file));
+    std::istringstream in(vlm::test::read_xz_file(file));
     const auto trace = vlm::memory::read_memory_trace(in);
     REQUIRE(trace.cuda);
     REQUIRE_FALSE(trace.steps.empty());

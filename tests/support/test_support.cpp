@@ -49,6 +49,17 @@ std::string read_file(const fs::path& path) {
   return ss.str();
 }
 
+std::string read_xz_file(const fs::path& path) {
+  const std::string command = "xz -dc '" + path.string() + "'";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("cannot run " + command);
+  std::string text;
+  char buffer[1 << 16];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) text.append(buffer, n);
+  if (pclose(pipe) != 0) throw std::runtime_error(command + " failed");
+  return text;
+}
+
 CommandResult run_vlmtrain(const std::string& args) { return run_with_env("", args); }
 
 const std::filesystem::path& demo_dataset(int samples, int val_samples, int seed) {

@@ -23,6 +23,9 @@ class TempDir {
 // Writes `text` to `path` (creating parent directories) and returns the path as a string.
 std::string write_file(const std::filesystem::path& path, const std::string& text);
 std::string read_file(const std::filesystem::path& path);
+// An xz-compressed file's text (the recorded GPU traces of bench/gpu/), through `xz -dc`;
+// throws std::runtime_error when xz fails.
+std::string read_xz_file(const std::filesystem::path& path);
 
 struct CommandResult {
   int exit_code = -1;

@@ -1,0 +1,78 @@
+// A training step on CUDA with LibTorch 2.11, as the caching allocator sees it: every request
+// and free, in order, of the code path the trainer runs there (bf16 autocast: the varlen
+// FlashAttention decoder with its fused projections and RMSNorm, the ViT's flash attention and
+// at::linear, the fused AdamW and multi-tensor clipping). Replayed through the allocator's
+// model (cuda_caching_allocator.h) the stream gives allocated and reserved peaks; the kernels'
+// own buffers are in cuda_kernels.h. Checked request for request against the recorded GPU
+// traces (bench/gpu/2026-11-28-h100, tests/memory/test_cuda_step.cpp). Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory/cuda_kernels.h"
+#include "memory/memory_spec.h"
+
+namespace vlm::memory::cuda {
+
+// One micro-batch as the kernels see it: N = rows x row length tokens, S attention segments
+// (cu_seqlens), the supervised tokens, the crops.
+struct MicroBatchShape {
+  int64_t tokens = 0;
+  int64_t segments = 0;
+  int64_t supervised = 0;
+  int64_t crops = 0;
+};
+
+// A request (bytes > 0) or the free of request `id` (bytes == 0).
+struct Request {
+  int64_t bytes = 0;
+  int32_t id = 0;
+};
+
+// What the stream does not cover for `spec` (the first feature), or "": fp32 (the grouped
+// attention path), a chunked ViT, a frozen decoder or projector, an untied head, more than one
+// rank.
+std::string unmodelled(const MemorySpec& spec);
+
+// Builds the stream of a run: the model states, then step after step.
+class StepStream {
+ public:
+  StepStream(const MemorySpec& spec, GpuShape gpu);
+
+  // The parameters and buffers as the model's construction allocates them.
+  void model_states();
+  // One optimizer step over `micro_batches` in order (the first step of the process creates the
+  // gradients, AdamW's moments and cuBLAS's workspaces). A micro-batch with more supervised
+  // tokens than model.loss_chunk_tokens chunks the loss, which is not modelled: the caller
+  // checks `chunks_loss` first.
+  void step(const std::vector<MicroBatchShape>& micro_batches);
+  bool chunks_loss(const MicroBatchShape& micro) const;
+
+  const std::vector<Request>& requests() const { return requests_; }
+
+ private:
+  struct Impl;
+  friend struct Impl;
+  int32_t alloc(int64_t bytes);
+  void free(int32_t id);
+
+  MemorySpec spec_;
+  GpuShape gpu_;
+  std::vector<Request> requests_;
+  std::vector<char> live_;  // by id
+  // Process state carried from step to step.
+  bool states_ = false, first_step_done_ = false;
+  bool workspace_fwd_ = false, workspace_bwd_ = false, workspace_lt_bwd_ = false;
+  int32_t bounds_fwd_ = -1, bounds_bwd_ = -1;  // cu_seqlens cached per thread
+};
+
+// Allocated and reserved peaks of requests[from, to) through the caching allocator's model,
+// after requests[0, from) built its state.
+struct StreamPeaks {
+  int64_t allocated = 0, reserved = 0;
+};
+StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to);
+
+}  // namespace vlm::memory::cuda

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""The micro-batch shapes of recorded CUDA memory traces (docs/memory-trace.md), for the CUDA
+step replay's test (tests/memory/test_cuda_step.cpp): per step, per micro-batch, the tokens N,
+attention segments S, supervised tokens L and crops n, read from the requests every micro-step
+makes (the code path of bench/gpu/2026-11-28-h100):
+
+- N: the first request of a micro-step, input_ids as int32 (N * 4 bytes; the prologue is nine
+  requests: three int32 copies and their int64 conversions, the image-token index n*Ti*8, the
+  supervised positions L*8, the crops n*3*I*I*4);
+- S: the varlen backward's softmax_d, Hq * (N + 128 S) * 4 bytes.
+
+Usage: trace_shapes.py DIR... > micro_batches.json (each DIR's report.json names the presets).
+"""
+import json
+import lzma
+import os
+import sys
+
+PRESETS = {  # lib/spec/presets.cpp: crop side, patch, pixel shuffle, decoder query heads
+    "tiny": (64, 8, 2, 4),
+    "nanovlm-222m": (224, 16, 2, 9),
+    "nanovlm-460m": (512, 16, 4, 15),
+}
+
+
+def steps_of(path):
+    contexts, steps = {}, []
+    with lzma.open(path, "rt") as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            kind, _, rest = line.rstrip("\n").partition(" ")
+            if kind == "X":
+                cid, _, text = rest.partition(" ")
+                contexts[cid] = text
+            elif kind == "S":
+                steps.append({"step": int(rest.split()[0]), "allocs": []})
+            elif kind == "A":
+                b, _addr, _stream, ctx = rest.split()
+                steps[-1]["allocs"].append((int(b), contexts.get(ctx, "")))
+    return steps
+
+
+def shapes(path, preset):
+    img, patch, shuffle, heads = PRESETS[preset]
+    tokens_per_crop = (img // patch) ** 2 // shuffle ** 2
+    out = []
+    for step in steps_of(path):
+        allocs = step["allocs"]
+        prologue = "vlm::step;aten::to;aten::_to_copy;aten::empty_strided"
+        starts = [i for i in range(len(allocs) - 8)
+                  if all(allocs[i + k][1] == prologue for k in range(9))
+                  and allocs[i + 1][0] == 2 * allocs[i][0]
+                  and allocs[i + 8][0] % (3 * img * img * 4) == 0]
+        micro = []
+        for k, s0 in enumerate(starts):
+            end = starts[k + 1] if k + 1 < len(starts) else len(allocs)
+            n_tokens = allocs[s0][0] // 4
+            crops = allocs[s0 + 6][0] // (tokens_per_crop * 8)
+            supervised = allocs[s0 + 7][0] // 8
+            segments = None
+            for s in range(1, 100000):
+                want = heads * (n_tokens + 128 * s) * 4
+                if any(b == want and "VarlenFlash" in c for b, c in allocs[s0:end]):
+                    segments = s
+                    break
+            micro.append({"tokens": n_tokens, "segments": segments, "supervised": supervised,
+                          "crops": crops})
+        out.append({"step": step["step"], "micro_batches": micro})
+    return out
+
+
+def main():
+    result = {}
+    for folder in sys.argv[1:]:
+        report = json.load(open(os.path.join(folder, "report.json")))
+        for name, run in report["checks"]["record"]["runs"].items():
+            path = os.path.join(folder, name + ".trace.xz")
+            if not os.path.exists(path):
+                continue
+            preset = next(o.split("=", 1)[1] for o in run["overrides"] if o.startswith("model.preset="))
+            result[os.path.basename(os.path.normpath(folder)) + "/" + name] = {
+                "overrides": [o for o in run["overrides"]
+                              if o.startswith(("model.", "train.", "data.max_img_size", "packing.")) and
+                              not o.startswith(("model.tokenizer", "model.vision_weights",
+                                                "model.language_weights"))],
+                "steps": shapes(path, preset)}
+    json.dump(result, sys.stdout, indent=1, sort_keys=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()

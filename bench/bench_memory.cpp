@@ -3,10 +3,12 @@
 // `batch_size` packs laid out as the collator does, and for each one its BatchShape and the
 // bytes its forward keeps for backward (memory/saved_activations.h), or with --peaks the peak
 // of a whole step over it, replayed allocation by allocation (memory/step_prediction.h; a
-// later step: gradients and moments exist).
+// later step: gradients and moments exist). With --cuda GPU the step peak is the CUDA step
+// replay's on that catalog GPU with LibTorch 2.11 (memory/cuda_step.h: the request stream of a
+// warm-up step and the step, through the caching allocator's model): the device bytes.
 //
 //   bench_memory [STREAM] [--preset NAME] [--batch-size B] [--precision fp32|bf16]
-//                [--checkpoint] [--peaks] [--repeat R]
+//                [--checkpoint] [--peaks] [--cuda GPU] [--repeat R]
 //
 // Prints predictions per second on one core and the distribution of the predicted bytes.
 #include <algorithm>
@@ -19,31 +21,16 @@
 #include "data/packing/packer.h"
 #include "data/source/length_stream.h"
 #include "data/source/sample_filter.h"
+#include "memory/cuda_step.h"
 #include "memory/saved_activations.h"
 #include "memory/static_memory.h"
 #include "memory/step_prediction.h"
+#include "sampler/micro_batch_memory.h"
 #include "spec/derived.h"
 
 namespace {
 
 using vlm::data::Pack;
-
-// The layout collate_host_batch gives `packs`: rows padded to the longest, rounded up to 8;
-// each sample a segment, and each row's padding a segment of its own.
-vlm::memory::BatchShape shape_of(const Pack* packs, size_t count, std::vector<int64_t>& segments) {
-  int64_t longest = 1, crops = 0, supervised = 0;
-  for (size_t i = 0; i < count; ++i) longest = std::max(longest, packs[i].tokens);
-  const int64_t T = (longest + 7) / 8 * 8;
-  segments.clear();
-  for (size_t i = 0; i < count; ++i) {
-    for (const auto& item : packs[i].items) segments.push_back(item.tokens);
-    if (packs[i].tokens < T) segments.push_back(T - packs[i].tokens);
-    crops += packs[i].crops;
-    supervised += packs[i].supervised;
-  }
-  return vlm::memory::BatchShape::from_segments(static_cast<int64_t>(count), T, segments, crops,
-                                                supervised);
-}
 
 int64_t percentile(std::vector<int64_t> v, double q) {
   std::sort(v.begin(), v.end());
@@ -60,6 +47,7 @@ int main(int argc, char** argv) {
   size_t batch_size = 2;
   int repeat = 20;
   bool peaks = false;
+  std::string cuda;
   vlm::ModelLevers levers;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -79,6 +67,8 @@ int main(int argc, char** argv) {
       levers.checkpoint_vision = levers.checkpoint_language = true;
     else if (arg == "--peaks")
       peaks = true;
+    else if (arg == "--cuda")
+      cuda = value();
     else
       path = arg;
   }
@@ -104,14 +94,34 @@ int main(int argc, char** argv) {
                                              vlm::memory::compute_precision(precision));
   const size_t micro_batches = packs.size() / batch_size;
   std::vector<int64_t> predicted(micro_batches);
-  std::vector<int64_t> segments;
+  std::vector<const Pack*> micro;
+  vlm::memory::DeviceTarget target;
+  if (!cuda.empty()) {
+    const auto gpu = vlm::find_gpu(cuda);
+    if (!gpu) {
+      std::fprintf(stderr, "error: --cuda %s is not a GPU of the catalog\n", cuda.c_str());
+      return 3;
+    }
+    target = vlm::memory::DeviceTarget::cuda_device(*gpu, {2, 11}, 1);
+    peaks = true;
+  }
   double best_s = 1e30;
   int64_t checksum = 0;
   for (int r = 0; r < repeat; ++r) {
     const auto start = std::chrono::steady_clock::now();
     for (size_t m = 0; m < micro_batches; ++m) {
-      const auto shape = shape_of(&packs[m * batch_size], batch_size, segments);
-      if (peaks) {
+      micro.clear();
+      for (size_t k = 0; k < batch_size; ++k) micro.push_back(&packs[m * batch_size + k]);
+      const auto shape = vlm::sampler::batch_shape(micro);
+      if (!cuda.empty()) {
+        const auto b = vlm::memory::cuda::replayed_step(spec, {shape}, {true, true}, target, {});
+        if (!b) {
+          std::fprintf(stderr, "error: not replayed on CUDA: %s\n",
+                       vlm::memory::cuda::unmodelled_on(spec, target).c_str());
+          return 2;
+        }
+        predicted[m] = b->device;
+      } else if (peaks) {
         const auto p = vlm::memory::predict_step(spec, {shape}, {true, true});
         if (!p.modelled) {
           std::fprintf(stderr, "error: step peaks not modelled here: %s\n", p.why_not.c_str());
@@ -132,7 +142,9 @@ int main(int argc, char** argv) {
               path.c_str(), stream.size(), packs.size(), micro_batches, batch_size);
   std::printf("model %s, %s, %s; model states %.2f GiB\n", preset.c_str(), precision.c_str(),
               levers.checkpoint_vision ? "checkpointing both towers" : "no levers", gib(statics));
-  const char* what = peaks ? "step peak" : "saved activations";
+  const char* what = !cuda.empty() ? "CUDA step replay (device bytes)"
+                     : peaks       ? "step peak"
+                                   : "saved activations";
   std::printf("predictions/s (shape + %s, 1 core, best of %d): %.0f\n", what, repeat,
               static_cast<double>(micro_batches) / best_s);
   std::printf("%s per micro-batch: p50 %.2f GiB, p99 %.2f GiB, max %.2f GiB\n", what,

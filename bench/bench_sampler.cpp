@@ -9,7 +9,9 @@
 // For each: micro-batches over budget (exact predictions), mean budget use, packs and useful
 // (non-padding) tokens per micro-batch, micro-steps per step; and the planning speed (filter,
 // packer, planner and every prediction) against today's planner without predictions.
-//   bench_sampler [STREAM]   (default ../shared/bench/stream-public-seed1234.jsonl)
+//   bench_sampler [STREAM] [--torch 2.11]   (default ../shared/bench/stream-public-seed1234.jsonl)
+// --torch 2.11: the H100's predictions are the CUDA step replay's (memory/cuda_step.h), the
+// auto runs planned once each (the replay costs milliseconds a prediction).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -91,12 +93,22 @@ void print(const char* label, Outcome& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string stream = argc > 1 ? argv[1] : "../shared/bench/stream-public-seed1234.jsonl";
+  std::string stream = "../shared/bench/stream-public-seed1234.jsonl";
+  memory::TorchVersion torch{1, 13};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--torch" && i + 1 < argc) {
+      torch = memory::parse_torch_version(argv[++i]).value_or(torch);
+    } else {
+      stream = arg;
+    }
+  }
+  const int repeats = torch.at_least(2, 11) ? 1 : 3;
   const std::vector<std::string> both = {"model.checkpoint_vision=true",
                                          "model.checkpoint_language=true"};
   const std::vector<std::string> vision = {"model.checkpoint_vision=true"};
   const memory::DeviceTarget h100 =
-      memory::DeviceTarget::cuda_device(*find_gpu_by_name("H100-80GB"), {1, 13}, 1);
+      memory::DeviceTarget::cuda_device(*find_gpu_by_name("H100-80GB"), torch, 1);
 
   // Today's planning speed: nanoVLM's config as shipped, no predictor (best of 3).
   {
@@ -152,7 +164,7 @@ int main(int argc, char** argv) {
     const Config config = load_config("configs/nanovlm.yaml", sets).config;
     const sampler::MicroBatchMemory m(memory::run_spec(config, true), h100);
     Outcome best;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < repeats; ++i) {
       Outcome o = run(config, stream, m, usable, {m.planner_hook(usable), usable});
       if (i == 0 || o.seconds < best.seconds) best = o;
     }

@@ -4,6 +4,7 @@
 // Metadata only: no torch initialisation, no image decoding.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -79,7 +80,11 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   // A step of more packs than train would plan over these ranks is refused as train refuses it.
   data::planning_options(config, args.ranks).planner.validate();
   report.worst = estimate::estimate_worst_case(config, cuda, args.ranks);
-  if (const std::string why = estimate::unmodelled_torch(torch); !why.empty()) {
+  // Without a target the catalog's GPUs are the targets: modelled when the first of them is.
+  const sampler::MemoryBudget modelled_on =
+      target ? *target : sampler::gpu_budget(gpu_catalog().front(), config, torch, args.ranks);
+  if (const std::string why = estimate::unmodelled_target(report.worst.spec, modelled_on.target);
+      report.worst.modelled && !why.empty()) {
     report.worst.modelled = false;
     report.worst.why_not = why;
   }
@@ -148,10 +153,17 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
     r.calibration = calibrated(t.target);
     if (report.worst.modelled) {
       r.verdict = estimate::verdict(report.worst.spec, report.worst.step, t, r.calibration.corrections);
+      if (r.verdict.device.replayed) {  // the replay needs the context alone (docs/memory.md)
+        auto& terms = r.calibration.uncalibrated;
+        terms.erase(std::remove_if(terms.begin(), terms.end(),
+                                   [](const std::string& term) { return term != "cuda_context"; }),
+                    terms.end());
+      }
       if (report.typical) {
         std::vector<int64_t> peaks;
         for (const memory::StepPrediction& p : report.typical->predictions) {
-          const estimate::StepPeak step{p, {true, true}};  // estimate_typical's state
+          const size_t i = peaks.size();
+          const estimate::StepPeak step{p, {true, true}, {report.typical->shapes[i]}};
           peaks.push_back(estimate::verdict(report.worst.spec, step, t, r.calibration.corrections)
                               .peak_bytes);
         }
@@ -165,8 +177,20 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
   if (target) {
     report.targets.push_back(result_for(*target));
   } else {
+    std::vector<std::string> not_replayed;
     for (const GpuInfo& gpu : gpu_catalog()) {
-      report.targets.push_back(result_for(sampler::gpu_budget(gpu, config, torch, args.ranks)));
+      const sampler::MemoryBudget budget = sampler::gpu_budget(gpu, config, torch, args.ranks);
+      if (!estimate::unmodelled_target(report.worst.spec, budget.target).empty()) {
+        not_replayed.push_back(gpu.name);
+      }
+      report.targets.push_back(result_for(budget));
+    }
+    if (report.worst.modelled && torch.at_least(2, 0) && !not_replayed.empty()) {
+      report.caveats.push_back("LibTorch " + torch.str() +
+                               "'s CUDA kernels are replayed on NVIDIA GPUs of compute "
+                               "capability 8.0 or more: the verdicts for " +
+                               join(not_replayed, ", ") +
+                               " follow LibTorch 1.13's operators (attention scores kept: high)");
     }
   }
 

@@ -19,6 +19,9 @@ struct GpuInfo {
   // the memory model's device terms depend on it and on the vendor (memory/device_terms.h).
   int compute_capability = 0;
   bool nvidia = true;
+  // Streaming multiprocessors (0 when unknown): PyTorch's reduction kernels size their
+  // cross-block buffers by them (memory/cuda_kernels.h).
+  int multiprocessors = 0;
 };
 
 const std::vector<GpuInfo>& gpu_catalog();

@@ -6,6 +6,7 @@
 #include "data/data_setup.h"
 #include "estimate/shapes.h"
 #include "memory/calibration.h"
+#include "memory/cuda_step.h"
 #include "memory/step_peaks.h"
 #include "sampler/micro_batch_memory.h"
 
@@ -24,9 +25,9 @@ StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& sha
       // A first step without gradients is outside the model when its batch is text-only
       // (the image path's gradients come later); the later states still bound the step.
       if (!state.gradients && shape.crops == 0) continue;
-      return {p, state};
+      return {p, state, step};
     }
-    if (!best.tensors.modelled || p.peak_bytes > best.tensors.peak_bytes) best = {p, state};
+    if (!best.tensors.modelled || p.peak_bytes > best.tensors.peak_bytes) best = {p, state, step};
   }
   return best;
 }
@@ -67,18 +68,29 @@ WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t r
   return e;
 }
 
-std::string unmodelled_torch(const memory::TorchVersion& torch) {
-  if (!torch.at_least(2, 0)) return "";
-  return "LibTorch " + torch.str() +
-         "'s attention (scaled_dot_product_attention) is not replayed yet: the memory model "
-         "follows LibTorch 1.13's operators";
+std::string unmodelled_target(const memory::MemorySpec& spec, const memory::DeviceTarget& target) {
+  if (!target.torch.at_least(2, 0)) return "";
+  if (target.cuda) {
+    const std::string why = memory::cuda::unmodelled_on(spec, target);
+    if (why.empty()) return "";
+    return "LibTorch " + target.torch.str() + " on CUDA: " + why;
+  }
+  return "LibTorch " + target.torch.str() +
+         "'s attention (scaled_dot_product_attention) is not replayed on the CPU yet: the "
+         "memory model follows LibTorch 1.13's operators there";
 }
 
 Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step,
                 const sampler::MemoryBudget& target, const memory::DeviceCorrections& corrections) {
   Verdict v;
-  v.device = memory::device_breakdown(spec, step.state, step.tensors.peak_bytes,
-                                      step.tensors.static_bytes, target.target, corrections);
+  // A CUDA target the step replay covers: its allocator peaks (memory/cuda_step.h).
+  if (const auto replayed = memory::cuda::replayed_step(spec, step.micro_batches, step.state,
+                                                        target.target, corrections)) {
+    v.device = *replayed;
+  } else {
+    v.device = memory::device_breakdown(spec, step.state, step.tensors.peak_bytes,
+                                        step.tensors.static_bytes, target.target, corrections);
+  }
   v.peak_bytes = target.target.cuda ? v.device.device : step.tensors.peak_bytes;
   v.budget_bytes = target.usable_bytes();
   v.headroom_bytes = v.budget_bytes - v.peak_bytes;

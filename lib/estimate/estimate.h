@@ -30,6 +30,7 @@ namespace vlm::estimate {
 struct StepPeak {
   memory::StepPrediction tensors;  // the highest over the states; modelled/why_not
   memory::StepState state;         // the state that gives it
+  std::vector<memory::BatchShape> micro_batches;  // the step (at most two micro-batches)
 };
 StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& shape,
                    int64_t micro_steps, bool preflight);
@@ -60,11 +61,12 @@ struct WorstCaseEstimate {
 
 WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks = 1);
 
-// The memory model replays LibTorch 1.13's operators. From 2.0 on, attention runs through
+// The tensor replay follows LibTorch 1.13's operators. From 2.0 on, attention runs through
 // scaled_dot_product_attention (runtime/compat.h), whose kernels save and allocate other
-// tensors (no score matrix for the fused ones), so a prediction for 2.x would be 1.13's: the
-// reason it is not modelled, or "" for a version the model covers.
-std::string unmodelled_torch(const memory::TorchVersion& torch);
+// tensors, so a prediction for 2.x would be 1.13's, except on a CUDA target the step replay
+// covers (memory/cuda_step.h: LibTorch 2.11's CUDA path): the reason a target is not modelled,
+// or "".
+std::string unmodelled_target(const memory::MemorySpec& spec, const memory::DeviceTarget& target);
 
 // A tensor peak set against a target: the device's layers over it (memory/device_terms.h;
 // on the CPU every term is 0), and the verdict.

@@ -218,6 +218,7 @@ json to_json(const Report& r) {
                   {"fits", e.modelled ? json(t.verdict.fits) : json(nullptr)},
                   {"headroom_bytes", e.modelled ? json(t.verdict.headroom_bytes) : json(nullptr)},
                   {"device_terms", d},
+                  {"replayed", t.verdict.device.replayed},
                   {"calibration",
                    {{"file", t.calibration.file.empty() ? json(nullptr) : json(t.calibration.file)},
                     {"entry", t.calibration.entry ? json{{"device", t.calibration.entry->device},
@@ -289,6 +290,14 @@ std::string to_text(const Report& r, bool bars) {
     const int64_t peak = e.step.tensors.peak_bytes;
     out << "worst-case step peak: " << gib(peak) << " of tensors (" << with_commas(peak)
         << " B), at " << e.step.tensors.peak_phase << "\n";
+    const bool replayed =
+        std::any_of(r.targets.begin(), r.targets.end(),
+                    [](const TargetResult& t) { return t.verdict.device.replayed; });
+    if (replayed && !r.torch.empty() && r.torch.rfind("1.", 0) != 0) {
+      out << "  (the tensor replay follows LibTorch 1.13's operators, which keep attention's "
+             "scores; the CUDA verdicts below replay LibTorch "
+          << r.torch << "'s kernels)\n";
+    }
     for (const auto& [name, bytes] : parts) {
       const double share = peak > 0 ? static_cast<double>(bytes) / static_cast<double>(peak) : 0;
       char line[160];
@@ -359,7 +368,10 @@ std::string to_text(const Report& r, bool bars) {
     const TargetResult& t = r.targets.front();
     out << "  budget = memory x (1 - memory.safety_margin " << fixed(t.target.safety_margin, 2)
         << ")";
-    if (t.target.target.cuda) {
+    if (t.target.target.cuda && t.verdict.device.replayed) {
+      out << "; on CUDA the step replayed through the caching allocator (LibTorch " << r.torch
+          << "'s kernels: docs/memory.md, \"The CUDA step replay\") plus the CUDA context";
+    } else if (t.target.target.cuda) {
       out << "; on CUDA the peak includes the device terms (allocator rounding, workspaces, "
              "context, fragmentation: docs/memory-device.md), LibTorch "
           << r.torch;
@@ -384,7 +396,8 @@ std::string to_text(const Report& r, bool bars) {
         for (size_t i = 0; i < t.calibration.uncalibrated.size(); ++i) {
           out << (i ? ", " : "") << t.calibration.uncalibrated[i];
         }
-        out << " use their defaults\n";
+        out << (t.calibration.uncalibrated.size() == 1 ? " uses its default\n"
+                                                       : " use their defaults\n");
       }
     }
   }

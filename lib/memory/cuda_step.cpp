@@ -20,6 +20,7 @@ using Id = int32_t;
 struct OptimizerOrder {
   std::vector<int64_t> elements;      // trainable tensors in group order
   std::vector<size_t> group_sizes;    // tensors per non-empty group
+  size_t decoder_groups = 0;          // the last groups: the decoder's
   int64_t largest = 0;
 };
 
@@ -30,7 +31,7 @@ bool decays(const std::string& name) {
   return !(has("norm") || has(".ln1.") || has(".ln2."));  // norm weights: one dimension
 }
 
-OptimizerOrder optimizer_order(const MemorySpec& spec) {
+OptimizerOrder optimizer_order(const MemorySpec& spec, bool image_path) {
   std::vector<ParameterTensor> tensors = parameter_tensors(spec);
   // named_parameters lists the patch embedding's own positions before its conv's tensors.
   const auto positions = std::find_if(tensors.begin(), tensors.end(), [](const ParameterTensor& t) {
@@ -39,6 +40,7 @@ OptimizerOrder optimizer_order(const MemorySpec& spec) {
   if (positions != tensors.end()) std::rotate(tensors.begin(), positions, positions + 1);
   OptimizerOrder order;
   for (const char* module : {"vision_encoder.", "MP.", "decoder."}) {
+    if (!image_path && std::string(module) != "decoder.") continue;  // no gradient yet
     for (const bool decay : {true, false}) {
       size_t count = 0;
       for (const ParameterTensor& t : tensors) {
@@ -47,7 +49,10 @@ OptimizerOrder optimizer_order(const MemorySpec& spec) {
         order.largest = std::max(order.largest, t.elements);
         ++count;
       }
-      if (count > 0) order.group_sizes.push_back(count);
+      if (count > 0) {
+        order.group_sizes.push_back(count);
+        if (std::string(module) == "decoder.") ++order.decoder_groups;
+      }
     }
   }
   return order;
@@ -94,7 +99,6 @@ struct StepStream::Impl {
   bool ckpt_v, ckpt_l, freeze_v, frozen_bf16;
   // The micro-batch.
   int64_t N = 0, S = 0, L = 0, n = 0, nP = 0;
-  bool grads_exist = false;
   int micro = 0;
   Id lsum = -1;
   // Forward state the backward reads.
@@ -130,31 +134,34 @@ struct StepStream::Impl {
     frozen_bf16 = freeze_v && s.spec_.vision.parameter_bytes == 2;
   }
 
-  Id A(int64_t bytes) { return s.alloc(bytes); }
+  // A tensor of no bytes is no request (the allocator skips size 0): kNone, freed as nothing.
+  static constexpr Id kNone = -2;
+  Id A(int64_t bytes) { return bytes > 0 ? s.alloc(bytes) : kNone; }
   void F(std::initializer_list<Id> ids) {
-    for (const Id id : ids) s.free(id);
+    for (const Id id : ids) {
+      if (id != kNone) s.free(id);
+    }
   }
-  // AccumulateGrad on an fp32 gradient: added into .grad and freed, or stolen as the .grad.
+  // AccumulateGrad on an fp32 gradient: added into .grad and freed, or stolen as the .grad
+  // (the first backward to reach the parameter's tower).
   void acc(Id grad) {
-    if (grads_exist) s.free(grad);
+    if (s.decoder_grads_) F({grad});
+  }
+  void acc_image(Id grad) {
+    if (s.image_grads_) F({grad});
   }
 
   // cuBLAS's workspaces, at a thread's first GEMM (cuda_kernels.h).
   void gemm_workspace(bool backward, bool lt) {
-    if (!backward) {
-      if (s.workspace_fwd_) return;
+    bool& cublas = backward ? s.workspace_bwd_ : s.workspace_fwd_;
+    bool& cublas_lt = backward ? s.workspace_lt_bwd_ : s.workspace_lt_fwd_;
+    if (!cublas) {
       A(cublas_workspace_bytes(s.gpu_));
-      if (lt) A(kCublasLtWorkspaceBytes);
-      s.workspace_fwd_ = true;
-      return;
+      cublas = true;
     }
-    if (!s.workspace_bwd_) {
-      A(cublas_workspace_bytes(s.gpu_));
-      s.workspace_bwd_ = true;
-    }
-    if (lt && !s.workspace_lt_bwd_) {
+    if (lt && !cublas_lt) {
       A(kCublasLtWorkspaceBytes);
-      s.workspace_lt_bwd_ = true;
+      cublas_lt = true;
     }
   }
 
@@ -329,7 +336,7 @@ struct StepStream::Impl {
   // One ViT block's backward from the residual gradient `G` (shared, accumulated in place;
   // checkpointed: the node's own, and the block's gradients are captured, returned in `keep`).
   Id vit_block_backward(const VitBlock& s_, Id G, Id xin, bool ckpt, std::vector<Id>& keep) {
-    const auto pacc = [&](Id grad) { ckpt ? keep.push_back(grad) : acc(grad); };
+    const auto pacc = [&](Id grad) { ckpt ? keep.push_back(grad) : acc_image(grad); };
     const Id g16 = A(nP * d * 2);
     const AddmmGrads fc2 = addmm_backward(m, d);
     F({g16, s_.gelu, s_.fc2_w});
@@ -415,6 +422,7 @@ struct StepStream::Impl {
     b.n1 = A(N * D * 4), b.n1r = A(N * 4);
     b.qkv_cat = A(Pq * D * 4), b.qkv_w = A(Pq * D * 2), b.qkv_x = A(N * D * 2);
     b.qkv = A(N * Pq * 2);
+    gemm_workspace(backward_thread, false);  // a no-op once the thread has its workspace
     F({b.qkv_cat});
     rotary(b);
     if (first_layer_of_pass) new_bounds(backward_thread);
@@ -442,6 +450,7 @@ struct StepStream::Impl {
     F({b.n1r});
     b.qkv_cat = A(Pq * D * 4), b.qkv_w = A(Pq * D * 2), b.qkv_x = A(N * D * 2);
     b.qkv = A(N * Pq * 2);
+    gemm_workspace(false, false);
     F({b.qkv_x, b.qkv_w, b.qkv_cat});
     rotary(b);
     if (first_layer) new_bounds(false);
@@ -546,6 +555,7 @@ struct StepStream::Impl {
   // --- one micro-step ---------------------------------------------------------------------
   void micro_step(const MicroBatchShape& mb, bool last_micro) {
     N = mb.tokens, S = mb.segments, L = mb.supervised, n = mb.crops, nP = n * P;
+    const bool images = n > 0;  // a text-only micro-batch skips the image path entirely
     // The batch on the device (int32 copies converted to int64), the crops.
     Id ids = -1, pos = -1, lab = -1;
     for (Id* t : {&ids, &pos, &lab}) {
@@ -555,15 +565,19 @@ struct StepStream::Impl {
     }
     const Id iti = A(n * Ti * 8), sup = A(L * 8), crops = A(n * 3 * img * img * 4);
     const Id emb = A(N * D * 4);
-    const std::vector<Id> cache = vit_forward();
-    // The projector (pixel shuffle, a bias-free linear) and the merge into the LM input.
-    const Id shuffled = A(nP * d * 4);
-    const Id mp_w = A(D * d * ps * ps * 2), mp_x = A(nP * d * 2);
-    const Id mp_out = A(n * Ti * D * 2);
-    if (freeze_v) F({mp_w});  // W.t() is a view: not saved when the input needs no gradient
-    F({shuffled, lnf});
-    const Id img32 = A(n * Ti * D * 4), merged = A(N * D * 4);
-    F({mp_out, emb});
+    std::vector<Id> cache;
+    Id mp_w = kNone, mp_x = kNone, img32 = kNone, merged = emb;
+    if (images) {
+      cache = vit_forward();
+      // The projector (pixel shuffle, a bias-free linear) and the merge into the LM input.
+      const Id shuffled = A(nP * d * 4);
+      mp_w = A(D * d * ps * ps * 2), mp_x = A(nP * d * 2);
+      const Id mp_out = A(n * Ti * D * 2);
+      if (freeze_v) F({mp_w});  // W.t() is a view: not saved when the input needs no gradient
+      F({shuffled, lnf});
+      img32 = A(n * Ti * D * 4), merged = A(N * D * 4);
+      F({mp_out, emb});
+    }
     // RoPE tables, and their bf16 casts kept for every layer.
     const Id posf = A(N * 4), ang = A(N * hd / 2 * 4);
     F({posf});
@@ -632,8 +646,33 @@ struct StepStream::Impl {
         G = dec_block_backward(dec[li], G, dec_inputs[li], l, false, keep);
       }
     }
-    // index_copy's backward: the token embeddings' and the image embeddings' gradients.
-    const Id gtok = A(N * D * 4), gimg = A(n * Ti * D * 4);
+    // index_copy's backward: the token embeddings' and the image embeddings' gradients (a
+    // text-only micro-batch hands the residual gradient to the embedding as it is).
+    const Id gtok = images ? A(N * D * 4) : G;
+    if (images) image_backward(G, img32, mp_w, mp_x);
+    embedding_backward(gtok, dhw32);
+    F({seed});
+    // The end of the micro-step (train/step_runner.cpp): the loss summed on the device.
+    if (micro == 0) {
+      F({obj});
+      lsum = loss;
+    } else {
+      const Id sum = A(4);
+      F({lsum, obj, loss});
+      lsum = sum;
+    }
+    if (ckpt_l) F({sin_b, cos_b});
+    F({sup, lab, iti, crops, pos, ids});
+    if (last_micro) F({lsum});
+    s.decoder_grads_ = true;
+    if (images) s.image_grads_ = true;
+    ++micro;
+  }
+
+  // From the residual gradient at the LM input: the image embeddings' gradient through the
+  // projector and the ViT.
+  void image_backward(Id G, Id img32, Id mp_w, Id mp_x) {
+    const Id gimg = A(n * Ti * D * 4);
     F({G, img32});
     const Id gimg16 = A(n * Ti * D * 2);
     F({gimg});
@@ -642,7 +681,7 @@ struct StepStream::Impl {
       F({gimg16, mp_x});
       const Id dWp32 = A(D * d * ps * ps * 4);
       F({dWp});
-      acc(dWp32);
+      acc_image(dWp32);
     } else {
       const Id dXp = A(nP * d * 2);
       F({gimg16, mp_w, mp_x});
@@ -650,13 +689,13 @@ struct StepStream::Impl {
       F({dXp});
       const Id dWp32 = A(D * d * ps * ps * 4);
       F({dWp});
-      acc(dWp32);
+      acc_image(dWp32);
       const Id gps = A(nP * d * 4);
       F({dXp32});
       const Id RV = A(nP * d * 4), lnf_dg = A(d * 4), lnf_db = A(d * 4);
       F({gps, vit_last, lnfm, lnfr});
-      acc(lnf_dg);
-      acc(lnf_db);
+      acc_image(lnf_dg);
+      acc_image(lnf_db);
       G = RV;
       for (int64_t l = vl; l-- > 0;) {
         const size_t li = static_cast<size_t>(l);
@@ -667,7 +706,7 @@ struct StepStream::Impl {
           for (const Id c : recomputed.cached) F({c});
           const Id next = vit_block_backward(recomputed, G, -1, true, keep);
           F({recomputed.out, G, xin});
-          for (const Id k : keep) acc(k);
+          for (const Id k : keep) acc_image(k);
           G = next;
         } else {
           G = vit_block_backward(vit[li], G, xin, false, keep);
@@ -676,7 +715,7 @@ struct StepStream::Impl {
       // The patch embedding: the positions' gradient, the kernel's and the bias's.
       const Id pe_g16 = A(nP * d * 2), pe_gpos = A(P * d * 4);
       F({G});
-      acc(pe_gpos);
+      acc_image(pe_gpos);
       const Id pe_dW = A(d * K * 2), pe_db = A(d * 2);
       const ReduceStaging pe_staging = reduce_staging(s.gpu_, d, nP, 2, false);
       if (pe_staging.staging > 0) {
@@ -688,11 +727,14 @@ struct StepStream::Impl {
       F({pe_dW});
       const Id pe_db32 = A(d * 4);
       F({pe_db});
-      acc(pe_db32);
-      acc(pe_dW32);
+      acc_image(pe_db32);
+      acc_image(pe_dW32);
     }
-    // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu): the sort path above
-    // 3,072 indices, then the tied head's gradient summed into it.
+  }
+
+  // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
+  // gradient: the sort path above 3,072 indices, then the tied head's gradient summed into it.
+  void embedding_backward(Id gtok, Id dhw32) {
     Id eb_gw = -1;
     if (N > kEmbeddingSortThreshold) {
       const Id sorted = A(N * 8), orig = A(N * 8), range = A(N * 8);
@@ -716,26 +758,12 @@ struct StepStream::Impl {
     const Id eb_sum = A(V * D * 4);
     F({dhw32, eb_gw});
     acc(eb_sum);
-    F({seed});
-    // The end of the micro-step (train/step_runner.cpp): the loss summed on the device.
-    if (micro == 0) {
-      F({obj});
-      lsum = loss;
-    } else {
-      const Id sum = A(4);
-      F({lsum, obj, loss});
-      lsum = sum;
-    }
-    if (ckpt_l) F({sin_b, cos_b});
-    F({sup, lab, iti, crops, pos, ids});
-    if (last_micro) F({lsum});
-    grads_exist = true;
-    ++micro;
   }
 
-  // clip_grad_norm then the fused AdamW, one call per group (train/optimizer.cpp).
-  void optimizer(bool first) {
-    const OptimizerOrder order = optimizer_order(s.spec_);
+  // clip_grad_norm then the fused AdamW, one call per group (train/optimizer.cpp), over the
+  // parameters that have a gradient: AdamW creates a parameter's moments at its first update.
+  void optimizer() {
+    const OptimizerOrder order = optimizer_order(s.spec_, s.image_grads_);
     const int64_t T = static_cast<int64_t>(order.elements.size());
     const Id partials = A(foreach_norm_partials_bytes(T, order.largest));
     std::vector<Id> norms;
@@ -744,8 +772,10 @@ struct StepStream::Impl {
     const Id stack = A(4 * T), total = A(4);
     F({total, stack});
     for (const Id norm : norms) F({norm});
-    size_t next = 0;
+    size_t next = 0, group = 0;
+    const size_t image_groups = order.group_sizes.size() - order.decoder_groups;
     for (const size_t size : order.group_sizes) {
+      const bool first = group++ < image_groups ? !s.image_moments_ : !s.decoder_moments_;
       Id step_count = -1;
       for (size_t k = 0; k < size; ++k, ++next) {
         if (first) {
@@ -780,7 +810,6 @@ void StepStream::free(int32_t id) {
 
 void StepStream::model_states() {
   for (const ParameterTensor& t : parameter_tensors(spec_)) alloc(t.bytes());
-  states_ = true;
 }
 
 bool StepStream::chunks_loss(const MicroBatchShape& micro) const {
@@ -790,13 +819,40 @@ bool StepStream::chunks_loss(const MicroBatchShape& micro) const {
 
 void StepStream::step(const std::vector<MicroBatchShape>& micro_batches) {
   Impl walk(*this);
-  const bool first = !first_step_done_;
-  walk.grads_exist = !first;
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     walk.micro_step(micro_batches[k], k + 1 == micro_batches.size());
   }
-  walk.optimizer(first);
-  first_step_done_ = true;
+  walk.optimizer();
+  decoder_moments_ = true;
+  image_moments_ = image_moments_ || image_grads_;
+}
+
+void StepStream::optimizer_states() {
+  for (const bool image : {true, false}) {
+    const OptimizerOrder order = optimizer_order(spec_, true);
+    size_t next = 0;
+    const size_t image_tensors = [&] {
+      size_t count = 0;
+      for (size_t g = 0; g + order.decoder_groups < order.group_sizes.size(); ++g) {
+        count += order.group_sizes[g];
+      }
+      return count;
+    }();
+    for (const int64_t elements : order.elements) {
+      if ((next++ < image_tensors) == image) {
+        alloc(4 * elements);
+        alloc(4 * elements);
+      }
+    }
+  }
+  decoder_moments_ = image_moments_ = true;
+}
+
+void StepStream::backward_passes(const std::vector<MicroBatchShape>& micro_batches) {
+  Impl walk(*this);
+  for (size_t k = 0; k < micro_batches.size(); ++k) {
+    walk.micro_step(micro_batches[k], k + 1 == micro_batches.size());
+  }
 }
 
 StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to) {
@@ -813,9 +869,82 @@ StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size
     }
   };
   for (size_t i = 0; i < from && i < requests.size(); ++i) apply(requests[i]);
+  StreamPeaks peaks;
+  peaks.allocated_before = allocator.allocated_bytes();
+  peaks.reserved_before = allocator.reserved_bytes();
   allocator.reset_peaks();
   for (size_t i = from; i < to && i < requests.size(); ++i) apply(requests[i]);
-  return {allocator.peak_allocated_bytes(), allocator.peak_reserved_bytes()};
+  peaks.allocated = allocator.peak_allocated_bytes();
+  peaks.reserved = allocator.peak_reserved_bytes();
+  return peaks;
+}
+
+std::string unmodelled_on(const MemorySpec& spec, const DeviceTarget& target) {
+  if (!target.cuda) return "not a CUDA target";
+  if (!target.torch.at_least(2, 11)) {
+    return "LibTorch " + target.torch.str() +
+           "'s CUDA kernels are not replayed (the replay follows LibTorch 2.11's)";
+  }
+  if (!target.gpu.nvidia || target.gpu.compute_capability < 80) {
+    return "the GPU " + target.gpu.name +
+           " (FlashAttention needs an NVIDIA GPU of compute "
+           "capability 8.0 or more; its kernels are not replayed)";
+  }
+  if (target.ranks > 1) return "the gradient all-reduce on CUDA is not replayed yet";
+  if (target.gpu.multiprocessors <= 0) {
+    return "the GPU " + target.gpu.name +
+           " is not in the catalog (its SM count sizes the "
+           "reduction kernels' buffers)";
+  }
+  return unmodelled(spec);
+}
+
+std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
+                                             const std::vector<BatchShape>& micro_batches,
+                                             StepState before, const DeviceTarget& target,
+                                             const DeviceCorrections& corrections) {
+  if (micro_batches.empty() || !unmodelled_on(spec, target).empty()) return std::nullopt;
+  GpuShape gpu;
+  gpu.sms = target.gpu.multiprocessors;
+  gpu.sm90 = target.gpu.compute_capability == 90;
+  std::vector<MicroBatchShape> step, warm_up;
+  for (const BatchShape& b : micro_batches) {
+    const MicroBatchShape m{b.rows * b.row_tokens, b.segments, b.supervised_tokens, b.crops};
+    if (m.supervised <= 0) return std::nullopt;
+    step.push_back(m);
+    warm_up.push_back(m);
+    if (before.image_gradients_pending) warm_up.back().crops = 0;
+  }
+  StepStream stream(spec, gpu);
+  for (const MicroBatchShape& m : step) {
+    if (stream.chunks_loss(m)) return std::nullopt;
+  }
+  stream.model_states();
+  if (before.gradients && before.moments) {
+    stream.step(warm_up);
+  } else if (before.gradients) {
+    stream.backward_passes(warm_up);
+  } else if (before.moments) {
+    stream.optimizer_states();
+  }
+  const size_t from = stream.requests().size();
+  stream.step(step);
+  const StreamPeaks peaks = replay_peaks(stream.requests(), from, stream.requests().size());
+  DeviceBreakdown b;
+  b.cuda = true;
+  b.replayed = true;
+  b.tensors = peaks.allocated;
+  b.static_tensors = peaks.allocated_before;
+  b.allocated = peaks.allocated;
+  b.reserved = peaks.reserved;
+  b.segment_slack = peaks.reserved - peaks.allocated;
+  b.cuda_context = corrections.cuda_context_bytes;
+  if (target.ranks > 1) {
+    b.nccl_buffers =
+        target.nccl_channels * 2 * (target.nccl_buffsize + kNcclLlBuffSize + kNcclLl128BuffSize);
+  }
+  b.device = b.reserved + b.cuda_context + b.nccl_buffers;
+  return b;
 }
 
 }  // namespace vlm::memory::cuda

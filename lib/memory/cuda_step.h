@@ -11,8 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "memory/batch_shape.h"
 #include "memory/cuda_kernels.h"
+#include "memory/device_terms.h"
 #include "memory/memory_spec.h"
+#include "memory/step_prediction.h"
 
 namespace vlm::memory::cuda {
 
@@ -46,8 +49,14 @@ class StepStream {
   // One optimizer step over `micro_batches` in order (the first step of the process creates the
   // gradients, AdamW's moments and cuBLAS's workspaces). A micro-batch with more supervised
   // tokens than model.loss_chunk_tokens chunks the loss, which is not modelled: the caller
-  // checks `chunks_loss` first.
+  // checks `chunks_loss` first. A micro-batch without crops skips the image path (not in the
+  // recorded traces: derived from the model code).
   void step(const std::vector<MicroBatchShape>& micro_batches);
+  // The same micro-steps without the optimizer (the preflight's forward and backward: the
+  // gradients and workspaces exist afterwards, AdamW's moments not).
+  void backward_passes(const std::vector<MicroBatchShape>& micro_batches);
+  // AdamW's moments as a resumed process loads them, before any gradient exists.
+  void optimizer_states();
   bool chunks_loss(const MicroBatchShape& micro) const;
 
   const std::vector<Request>& requests() const { return requests_; }
@@ -62,9 +71,12 @@ class StepStream {
   GpuShape gpu_;
   std::vector<Request> requests_;
   std::vector<char> live_;  // by id
-  // Process state carried from step to step.
-  bool states_ = false, first_step_done_ = false;
-  bool workspace_fwd_ = false, workspace_bwd_ = false, workspace_lt_bwd_ = false;
+  // Process state carried from step to step: which gradients and moments exist (the image
+  // path's come with the first micro-batch that has crops), cuBLAS's workspaces per thread.
+  bool decoder_grads_ = false, image_grads_ = false, decoder_moments_ = false,
+       image_moments_ = false;
+  bool workspace_fwd_ = false, workspace_lt_fwd_ = false, workspace_bwd_ = false,
+       workspace_lt_bwd_ = false;
   int32_t bounds_fwd_ = -1, bounds_bwd_ = -1;  // cu_seqlens cached per thread
 };
 
@@ -72,7 +84,26 @@ class StepStream {
 // after requests[0, from) built its state.
 struct StreamPeaks {
   int64_t allocated = 0, reserved = 0;
+  int64_t allocated_before = 0, reserved_before = 0;  // at `from`
 };
 StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to);
+
+// Whether the replay predicts `spec` on `target`: "" or why not (the spec's features, then the
+// target: LibTorch 2.11 or later, whose CUDA path the replay follows; an NVIDIA GPU of compute
+// capability 8.0 or more, where bf16 attention runs in FlashAttention; its SM count known).
+std::string unmodelled_on(const MemorySpec& spec, const DeviceTarget& target);
+
+// A step over `micro_batches` on `target` in the state `before`, replayed: the stream of a
+// process that reached that state (its model states; for gradients and moments a step of the
+// same micro-batches before it, text-only while the image path's are pending; for gradients
+// without moments, the preflight's backward passes; for moments alone, a resumed process's),
+// then the step, through the caching allocator's model. The layers: allocated and reserved as
+// replayed (no calibration of them: the allocator's rules are the replay's), the device figure
+// with the CUDA context and NCCL's buffers. nullopt when unmodelled_on says why, or a
+// micro-batch chunks the loss or has no supervised token.
+std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
+                                             const std::vector<BatchShape>& micro_batches,
+                                             StepState before, const DeviceTarget& target,
+                                             const DeviceCorrections& corrections);
 
 }  // namespace vlm::memory::cuda

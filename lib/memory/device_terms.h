@@ -80,6 +80,9 @@ struct DeviceCorrections {
 
 struct DeviceBreakdown {
   bool cuda = false;
+  // The CUDA step replayed through the caching allocator's model (memory/cuda_step.h):
+  // allocated and reserved are its peaks, no calibration or fragmentation term applies.
+  bool replayed = false;
   int64_t tensors = 0;         // the predicted tensor peak (predict_step)
   int64_t static_tensors = 0;  // the model states live before the step, in it
   // allocated

@@ -6,6 +6,7 @@
 #include "core/gpu_catalog.h"
 #include "core/units.h"
 #include "memory/calibration.h"
+#include "memory/cuda_step.h"
 #include "memory/saved_activations.h"
 #include "memory/step_prediction.h"
 
@@ -86,6 +87,12 @@ MicroBatchMemory::MicroBatchMemory(memory::MemorySpec spec, memory::DeviceTarget
   const memory::BatchShape probe = memory::BatchShape::from_segments(1, 8, {8}, 1, 1);
   const memory::StepPrediction p = memory::predict_step(spec_, {probe}, kSteadyState);
   if (!p.modelled) why_not_ = p.why_not;
+  // On a CUDA target the step replay covers, the model states as the replay holds them.
+  if (const auto replayed =
+          memory::cuda::replayed_step(spec_, {probe}, kSteadyState, target_, corrections_)) {
+    replayed_ = true;
+    static_device_ = replayed->static_tensors + replayed->cuda_context + replayed->nccl_buffers;
+  }
 }
 
 int64_t MicroBatchMemory::on_target(int64_t tensor_peak) const {
@@ -94,6 +101,15 @@ int64_t MicroBatchMemory::on_target(int64_t tensor_peak) const {
 }
 
 int64_t MicroBatchMemory::predict(const memory::BatchShape& shape) const {
+  if (replayed_) {
+    memory::BatchShape covered = shape;  // no supervised token: bounded by one
+    covered.supervised_tokens = std::max<int64_t>(covered.supervised_tokens, 1);
+    if (const auto replayed =
+            memory::cuda::replayed_step(spec_, {covered}, kSteadyState, target_, corrections_)) {
+      return replayed->device;
+    }
+    // A chunked loss is not replayed: the tensor replay's layers below.
+  }
   memory::StepPrediction p = memory::predict_step(spec_, {shape}, kSteadyState);
   if (!p.modelled) {
     // A shape outside the replay, bounded by one it covers: a label more (no supervised token:
@@ -111,6 +127,7 @@ int64_t MicroBatchMemory::predict(const std::vector<const data::Pack*>& packs) c
 }
 
 int64_t MicroBatchMemory::static_bytes() const {
+  if (replayed_) return static_device_;
   return target_.cuda ? on_target(static_tensors_) : static_tensors_;
 }
 
@@ -131,6 +148,11 @@ int64_t MicroBatchMemory::tensor_cap(int64_t cap_bytes) const {
 }
 
 data::MemoryPredictor MicroBatchMemory::planner_hook(int64_t cap_bytes) const {
+  if (replayed_) {  // the closed-form bound is the tensor replay's: exact predictions only
+    return [self = *this](const std::vector<const data::Pack*>& packs) {
+      return self.predict(batch_shape(packs));
+    };
+  }
   const int64_t tensors_cap = tensor_cap(cap_bytes);
   return [self = *this, cap_bytes, tensors_cap](const std::vector<const data::Pack*>& packs) {
     const memory::BatchShape shape = batch_shape(packs);

@@ -52,7 +52,8 @@ class MicroBatchMemory {
   // The predictor of a run of `config` on `target` with memory.calibration's corrections.
   static MicroBatchMemory of(const Config& config, const memory::DeviceTarget& target);
 
-  // The exact prediction on the target (tensor bytes on the CPU, device bytes on CUDA).
+  // The exact prediction on the target (tensor bytes on the CPU, device bytes on CUDA: the
+  // step replayed through the caching allocator on LibTorch 2.11, memory/cuda_step.h).
   // A shape the replay does not cover (no supervised token) is predicted with one.
   int64_t predict(const memory::BatchShape& shape) const;
   int64_t predict(const std::vector<const data::Pack*>& packs) const;
@@ -79,6 +80,10 @@ class MicroBatchMemory {
   int64_t static_tensors_ = 0;
   memory::DeviceLayers layers_;
   std::string why_not_;
+  // A CUDA target the step replay covers (memory/cuda_step.h): its predictions, and the model
+  // states' device bytes as it holds them.
+  bool replayed_ = false;
+  int64_t static_device_ = 0;
 };
 
 }  // namespace vlm::sampler

@@ -81,7 +81,8 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
                  why);
     return;
   }
-  if (const std::string torch = estimate::unmodelled_torch(budget_->target.torch); !torch.empty()) {
+  if (const std::string torch = estimate::unmodelled_target(predictor.spec(), budget_->target);
+      !torch.empty()) {
     if (!auto_batch) {
       // A cap from predictions up to 3.4 times the measured peak (docs/BENCHMARKS.md, H200)
       // would refuse packs that fit, and the preflight configs that fit; with a fixed batch

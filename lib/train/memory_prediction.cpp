@@ -10,6 +10,7 @@
 #include "core/gpu_catalog.h"
 #include "core/strings.h"
 #include "memory/calibration.h"
+#include "memory/cuda_step.h"
 #include "runtime/torch_info.h"
 
 namespace vlm::train {
@@ -98,6 +99,13 @@ PredictedStep MemoryPredictor::predict(const std::vector<memory::BatchShape>& sh
       spdlog::info("memory model: no step peak predicted for this run yet ({}; docs/memory.md)",
                    p.tensors.why_not);
     }
+    return p;
+  }
+  // On CUDA with LibTorch 2.11 the step is replayed through the caching allocator's model
+  // (memory/cuda_step.h); elsewhere the device layers go over the tensor replay.
+  if (const auto replayed =
+          memory::cuda::replayed_step(spec_, shapes, before, target_, corrections_)) {
+    p.device = *replayed;
     return p;
   }
   p.device = memory::device_breakdown(spec_, before, p.tensors.peak_bytes,

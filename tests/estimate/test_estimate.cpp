@@ -255,10 +255,31 @@ TEST_CASE("with data every recommendation has a throughput, measured on re-plann
   }
 }
 
-TEST_CASE("LibTorch 2.x's attention is outside the memory model, 1.13's inside") {
-  CHECK(estimate::unmodelled_torch({1, 13}).empty());
-  CHECK(estimate::unmodelled_torch({2, 4}).find("scaled_dot_product_attention") !=
+TEST_CASE(
+    "LibTorch 2.x: the CUDA step replay covers 2.11 on the catalog's flash GPUs in bf16, "
+    "the CPU and other versions stay outside, 1.13 inside") {
+  Config config = load_config(VLM_SOURCE_DIR "/configs/demo.yaml").config;
+  config.train.precision = "bf16";
+  const memory::MemorySpec spec = memory::run_spec(config, true);
+  const auto on = [](const char* gpu, memory::TorchVersion torch) {
+    return memory::DeviceTarget::cuda_device(*find_gpu(gpu), torch, 1);
+  };
+  memory::DeviceTarget cpu = memory::DeviceTarget::cpu();
+  cpu.torch = {1, 13};
+  CHECK(estimate::unmodelled_target(spec, cpu).empty());
+  CHECK(estimate::unmodelled_target(spec, on("H100-80GB", {1, 13})).empty());
+  CHECK(estimate::unmodelled_target(spec, on("H100-80GB", {2, 11})).empty());
+  CHECK(estimate::unmodelled_target(spec, on("A100-40GB", {2, 11})).empty());
+  CHECK(estimate::unmodelled_target(spec, on("H100-80GB", {2, 4})).find("not replayed") !=
         std::string::npos);
+  CHECK(estimate::unmodelled_target(spec, on("V100-32GB", {2, 11})).find("compute capability") !=
+        std::string::npos);
+  cpu.torch = {2, 11};
+  CHECK(estimate::unmodelled_target(spec, cpu).find("scaled_dot_product_attention") !=
+        std::string::npos);
+  config.train.precision = "fp32";
+  CHECK(estimate::unmodelled_target(memory::run_spec(config, true), on("H100-80GB", {2, 11}))
+            .find("fp32") != std::string::npos);
 }
 
 TEST_CASE("the JSON report carries every key docs/estimate-memory.md documents, and only those") {

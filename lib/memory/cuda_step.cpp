@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <stdexcept>
 
+#include "core/dist_env.h"
 #include "memory/cuda_caching_allocator.h"
 #include "memory/parameter_tensors.h"
 #include "spec/derived.h"
@@ -84,10 +85,10 @@ std::string unmodelled(const MemorySpec& spec) {
   if (!spec.language.trainable) return "a frozen decoder on CUDA is not replayed yet";
   if (!spec.projector.trainable) return "a frozen projector on CUDA is not replayed yet";
   if (!l.tie_embeddings) return "an untied head on CUDA is not replayed yet";
-  if (spec.levers.vision_chunk_crops > 0) {
-    return "model.vision_chunk_crops on CUDA is not replayed yet";
+  if (spec.levers.vision_chunk_crops > 0 &&
+      (spec.levers.checkpoint_vision || !spec.vision.trainable)) {
+    return "model.vision_chunk_crops with a checkpointed or frozen ViT on CUDA is not replayed yet";
   }
-  if (spec.ranks > 1) return "the gradient all-reduce on CUDA is not replayed yet";
   return "";
 }
 
@@ -102,9 +103,17 @@ struct StepStream::Impl {
   int micro = 0;
   Id lsum = -1;
   // Forward state the backward reads.
-  Id x_v0 = -1, pe_x = -1, pe_wc = -1, lnf = -1, lnfm = -1, lnfr = -1, vit_last = -1;
   Id cos_b = -1, sin_b = -1;
-  std::vector<VitBlock> vit;
+  // The image path per chunk of crops (model.vision_chunk_crops; one chunk without it).
+  struct VitChunk {
+    int64_t crops = 0;
+    Id x_v0 = -1, pe_x = -1, lnf = -1, lnfm = -1, lnfr = -1, vit_last = -1;
+    Id mp_w = -1, mp_x = -1, mp_out = -1;
+    std::vector<VitBlock> blocks;
+  };
+  std::vector<VitChunk> chunks;
+  Id x_v0 = -1, lnf = -1, lnfm = -1, lnfr = -1;  // a frozen ViT's (one chunk)
+  void set_chunk(int64_t crops) { n = crops, nP = n * P; }
   std::vector<DecBlock> dec;
   std::vector<Id> dec_inputs;
 
@@ -174,22 +183,65 @@ struct StepStream::Impl {
   }
 
   // --- the image path -------------------------------------------------------------------
+  // A chunk's place in the backward, which runs the chunks last first.
+  struct Place {
+    size_t processed = 0, count = 1;
+    bool first() const { return processed == 0; }
+    bool last() const { return processed + 1 == count; }
+  };
+  // A chunk's gradient of a parameter joins the engine's input buffer `buffer`: the first
+  // chunk processed leaves it there; the second, when the buffered gradient is a view (of a
+  // cast weight's transpose, a bias's sum_to, the patch kernel's view), is summed out of place;
+  // every other one is added in place (torch/csrc/autograd/input_buffer.cpp, LibTorch 2.x).
+  void join(Id& buffer, Id grad, int64_t bytes, const Place& place, bool view) {
+    if (place.first()) {
+      buffer = grad;
+    } else if (view && place.processed == 1) {
+      const Id sum = A(bytes);
+      F({buffer, grad});
+      buffer = sum;
+    } else {
+      F({grad});
+    }
+  }
+  // A cached cast's gathered bf16 gradient converted to fp32 (ToCopyBackward0) and accumulated.
+  void convert(Id& buffer, int64_t fp32_bytes) {
+    const Id fp32 = A(fp32_bytes);
+    F({buffer});
+    acc_image(fp32);
+  }
+  struct LinearGrads {
+    Id w = -1, b = -1;
+  };
+  struct BlockGrads {
+    LinearGrads qkv, o, fc1, fc2;
+    Id ln1_g = -1, ln1_b = -1, ln2_g = -1, ln2_b = -1;
+  };
+  struct ImageGrads {
+    explicit ImageGrads(size_t layers) : blocks(layers) {}
+    std::vector<BlockGrads> blocks;
+    Id projector = -1, lnf_g = -1, lnf_b = -1, positions = -1, pe_w = -1, pe_b = -1;
+    bool positions_shared = false;  // the buffered positions' gradient is the residual's
+  };
   // A block under autograd (the forward, or a checkpointed block's recompute).
-  VitBlock vit_block_grad(bool recompute) {
+  // `cast`: the chunk that casts the block's weights and biases (the first: autocast caches the
+  // casts of leaf parameters for its scope, and the later chunks reuse them).
+  VitBlock vit_block_grad(bool recompute, bool cast = true) {
+    const auto C = [&](int64_t bytes) { return cast ? A(bytes) : kNone; };
     VitBlock b;
     b.ln1 = A(nP * d * 4), b.ln1m = A(nP * 4), b.ln1r = A(nP * 4);
-    b.qkv_b = A(3 * d * 2), b.qkv_w = A(3 * d * d * 2), b.qkv_x = A(nP * d * 2);
+    b.qkv_b = C(3 * d * 2), b.qkv_w = C(3 * d * d * 2), b.qkv_x = A(nP * d * 2);
     b.qkv = A(nP * 3 * d * 2);
     if (recompute) gemm_workspace(true, true);
     b.att = A(nP * d * 2), b.lse = A(n * h * P * 4), b.r16 = A(kFlashRngStateBytes),
     b.r8 = A(kFlashRngPlaceholderBytes);
-    b.o_b = A(d * 2), b.o_w = A(d * d * 2), b.o_out = A(nP * d * 2);
+    b.o_b = C(d * 2), b.o_w = C(d * d * 2), b.o_out = A(nP * d * 2);
     b.h = A(nP * d * 4);
     F({b.o_out, b.ln1});
     b.ln2 = A(nP * d * 4), b.ln2m = A(nP * 4), b.ln2r = A(nP * 4);
-    b.fc1_b = A(m * 2), b.fc1_w = A(m * d * 2), b.fc1_x = A(nP * d * 2);
+    b.fc1_b = C(m * 2), b.fc1_w = C(m * d * 2), b.fc1_x = A(nP * d * 2);
     b.fc1 = A(nP * m * 2), b.gelu = A(nP * m * 2);
-    b.fc2_b = A(d * 2), b.fc2_w = A(d * m * 2), b.fc2_out = A(nP * d * 2);
+    b.fc2_b = C(d * 2), b.fc2_w = C(d * m * 2), b.fc2_out = A(nP * d * 2);
     b.out = A(nP * d * 4);
     F({b.fc2_out, b.ln2});
     b.cached = {b.qkv_b, b.o_b, b.fc1_b, b.fc2_b};
@@ -271,7 +323,6 @@ struct StepStream::Impl {
   // The ViT to its final LayerNorm's output; the casts autocast caches are returned.
   std::vector<Id> vit_forward() {
     std::vector<Id> cache;
-    vit.clear();
     if (freeze_v) {
       Id crops16 = -1, x = -1;
       if (frozen_bf16) {
@@ -300,22 +351,43 @@ struct StepStream::Impl {
       if (frozen_bf16) F({crops16});  // chunk.to(bf16) dies with the ViT call's statement
       return cache;
     }
-    const Id patches = A(nP * K * 4);
-    const Id pe_b = A(d * 2);
-    pe_wc = A(d * K * 2);
-    pe_x = A(nP * K * 2);
-    const Id pe_out = A(nP * d * 2);
-    gemm_workspace(false, true);
-    F({pe_wc});
-    x_v0 = A(nP * d * 4);
-    F({pe_out, patches});
-    cache.push_back(pe_b);
-    for (int64_t l = 0; l < vl; ++l) {
-      vit.push_back(ckpt_v ? vit_block_checkpointed() : vit_block_grad(false));
-      cache.insert(cache.end(), vit.back().cached.begin(), vit.back().cached.end());
+    // Trained: chunk by chunk (VisionLanguageModel::encode_crops), each through the patch
+    // embedding, the blocks, the final LayerNorm and the projector; the first chunk casts the
+    // weights and biases, which autocast caches for the rest (the patch kernel and the
+    // projector's weight are views, cast anew per chunk).
+    const int64_t total = n, per = s.spec_.levers.vision_chunk_crops;
+    chunks.clear();
+    for (int64_t first = 0; first<total; first += per> 0 ? per : total) {
+      VitChunk c;
+      c.crops = per > 0 ? std::min(per, total - first) : total;
+      set_chunk(c.crops);
+      const bool cast = chunks.empty();
+      const Id patches = A(nP * K * 4);
+      const Id pe_b = cast ? A(d * 2) : kNone;
+      const Id pe_wc = A(d * K * 2);
+      c.pe_x = A(nP * K * 2);
+      const Id pe_out = A(nP * d * 2);
+      gemm_workspace(false, true);
+      F({pe_wc});
+      c.x_v0 = A(nP * d * 4);
+      F({pe_out, patches});
+      if (pe_b != kNone) cache.push_back(pe_b);
+      for (int64_t l = 0; l < vl; ++l) {
+        c.blocks.push_back(ckpt_v ? vit_block_checkpointed() : vit_block_grad(false, cast));
+        for (const Id k : c.blocks.back().cached) {
+          if (k != kNone) cache.push_back(k);
+        }
+      }
+      c.lnf = A(nP * d * 4), c.lnfm = A(nP * 4), c.lnfr = A(nP * 4);
+      c.vit_last = c.blocks.empty() ? c.x_v0 : c.blocks.back().out;
+      // The projector (pixel shuffle, a bias-free linear): its weight's cast is kept per chunk.
+      const Id shuffled = A(nP * d * 4);
+      c.mp_w = A(D * d * ps * ps * 2), c.mp_x = A(nP * d * 2);
+      c.mp_out = A(n * Ti * D * 2);
+      F({shuffled, c.lnf});
+      chunks.push_back(std::move(c));
     }
-    lnf = A(nP * d * 4), lnfm = A(nP * 4), lnfr = A(nP * 4);
-    vit_last = vit.empty() ? x_v0 : vit.back().out;
+    set_chunk(total);
     return cache;
   }
 
@@ -334,30 +406,57 @@ struct StepStream::Impl {
   }
 
   // One ViT block's backward from the residual gradient `G` (shared, accumulated in place;
-  // checkpointed: the node's own, and the block's gradients are captured, returned in `keep`).
-  Id vit_block_backward(const VitBlock& s_, Id G, Id xin, bool ckpt, std::vector<Id>& keep) {
-    const auto pacc = [&](Id grad) { ckpt ? keep.push_back(grad) : acc_image(grad); };
+  // checkpointed: the node's own, and the block's gradients are captured, returned in `keep`),
+  // for the chunk at `place`, gathering the parameters' gradients in `grads`.
+  Id vit_block_backward(const VitBlock& s_, Id G, Id xin, bool ckpt, std::vector<Id>& keep,
+                        const Place& place, BlockGrads& grads) {
+    // A linear's weight and bias gradients (bf16, of the cached casts) gathered over the chunks;
+    // once the last has added its own, converted to fp32 (ToCopyBackward0), weight first. A
+    // checkpointed block's are captured by autograd::grad instead (one chunk).
+    const auto gather = [&](LinearGrads& g, Id dw, Id db, int64_t in, int64_t out) {
+      join(g.b, db, out * 2, place, true);
+      join(g.w, dw, out * in * 2, place, true);
+    };
+    const auto to_fp32 = [&](LinearGrads& g, int64_t in, int64_t out) {
+      if (!place.last()) return;
+      if (ckpt) {
+        const Id w32 = A(out * in * 4);
+        F({g.w});
+        keep.push_back(w32);
+        const Id b32 = A(out * 4);
+        F({g.b});
+        keep.push_back(b32);
+        return;
+      }
+      convert(g.w, out * in * 4);
+      convert(g.b, out * 4);
+    };
+    const auto layer_norm = [&](Id& g_buffer, Id& b_buffer, Id dg, Id db) {
+      if (ckpt) {
+        keep.push_back(dg);
+        keep.push_back(db);
+        return;
+      }
+      join(g_buffer, dg, d * 4, place, false);
+      join(b_buffer, db, d * 4, place, false);
+      if (place.last()) {
+        acc_image(g_buffer);
+        acc_image(b_buffer);
+      }
+    };
     const Id g16 = A(nP * d * 2);
     const AddmmGrads fc2 = addmm_backward(m, d);
     F({g16, s_.gelu, s_.fc2_w});
-    const Id fc2_dw32 = A(d * m * 4);
-    F({fc2.dw});
-    pacc(fc2_dw32);
-    const Id fc2_db32 = A(d * 4);
-    F({fc2.db});
-    pacc(fc2_db32);
+    gather(grads.fc2, fc2.dw, fc2.db, m, d);
+    to_fp32(grads.fc2, m, d);
     const Id gg = A(nP * m * 2);
     F({fc2.dx, s_.fc1});
     const AddmmGrads fc1 = addmm_backward(d, m);
     F({gg, s_.fc1_x, s_.fc1_w});
+    gather(grads.fc1, fc1.dw, fc1.db, d, m);
     const Id fc1_dx32 = A(nP * d * 4);
     F({fc1.dx});
-    const Id fc1_dw32 = A(m * d * 4);
-    F({fc1.dw});
-    pacc(fc1_dw32);
-    const Id fc1_db32 = A(m * 4);
-    F({fc1.db});
-    pacc(fc1_db32);
+    to_fp32(grads.fc1, d, m);
     const Id dn2 = A(nP * d * 4), dg2 = A(d * 4), db2 = A(d * 4);
     F({fc1_dx32, s_.h, s_.ln2m, s_.ln2r});
     Id R = G;
@@ -365,17 +464,12 @@ struct StepStream::Impl {
       R = A(nP * d * 4);  // summed out of place: the outer node holds the output's gradient
     }
     F({dn2});
-    pacc(dg2);
-    pacc(db2);
+    layer_norm(grads.ln2_g, grads.ln2_b, dg2, db2);
     const Id g16a = A(nP * d * 2);
     const AddmmGrads o = addmm_backward(d, d);
     F({g16a, s_.o_w});
-    const Id o_dw32 = A(d * d * 4);
-    F({o.dw});
-    pacc(o_dw32);
-    const Id o_db32 = A(d * 4);
-    F({o.db});
-    pacc(o_db32);
+    gather(grads.o, o.dw, o.db, d, d);
+    to_fp32(grads.o, d, d);
     // Flash attention's backward (sdpa on [n, h, P, d/h], bf16).
     const Id dq = A(nP * d * 2), dk = A(nP * d * 2), dv = A(nP * d * 2);
     const Id sd = A(flash_softmax_d_bytes(n, P, h));
@@ -385,22 +479,17 @@ struct StepStream::Impl {
     F({dq, dk, dv});
     const AddmmGrads qkv = addmm_backward(d, 3 * d);
     F({gqkv, s_.qkv_x, s_.qkv_w});
+    gather(grads.qkv, qkv.dw, qkv.db, d, 3 * d);
     const Id qkv_dx32 = A(nP * d * 4);
     F({qkv.dx});
-    const Id qkv_dw32 = A(3 * d * d * 4);
-    F({qkv.dw});
-    pacc(qkv_dw32);
-    const Id qkv_db32 = A(3 * d * 4);
-    F({qkv.db});
-    pacc(qkv_db32);
+    to_fp32(grads.qkv, d, 3 * d);
     const Id dn1 = A(nP * d * 4), dg1 = A(d * 4), db1 = A(d * 4);
     if (ckpt) {
       F({qkv_dx32, s_.ln1m, s_.ln1r, dn1});
     } else {
       F({qkv_dx32, xin, s_.ln1m, s_.ln1r, dn1});
     }
-    pacc(dg1);
-    pacc(db1);
+    layer_norm(grads.ln1_g, grads.ln1_b, dg1, db1);
     return R;
   }
 
@@ -569,14 +658,22 @@ struct StepStream::Impl {
     Id mp_w = kNone, mp_x = kNone, img32 = kNone, merged = emb;
     if (images) {
       cache = vit_forward();
-      // The projector (pixel shuffle, a bias-free linear) and the merge into the LM input.
-      const Id shuffled = A(nP * d * 4);
-      mp_w = A(D * d * ps * ps * 2), mp_x = A(nP * d * 2);
-      const Id mp_out = A(n * Ti * D * 2);
-      if (freeze_v) F({mp_w});  // W.t() is a view: not saved when the input needs no gradient
-      F({shuffled, lnf});
+      Id embeddings = kNone;
+      if (freeze_v) {
+        // The projector (pixel shuffle, a bias-free linear) after the frozen ViT.
+        const Id shuffled = A(nP * d * 4);
+        mp_w = A(D * d * ps * ps * 2), mp_x = A(nP * d * 2);
+        embeddings = A(n * Ti * D * 2);
+        F({mp_w});  // W.t() is a view: not saved when the input needs no gradient
+        F({shuffled, lnf});
+      } else if (chunks.size() == 1) {
+        embeddings = chunks.front().mp_out;
+      } else {  // the chunks' projections concatenated (torch::cat)
+        embeddings = A(n * Ti * D * 2);
+        for (const VitChunk& c : chunks) F({c.mp_out});
+      }
       img32 = A(n * Ti * D * 4), merged = A(N * D * 4);
-      F({mp_out, emb});
+      F({embeddings, emb});
     }
     // RoPE tables, and their bf16 casts kept for every layer.
     const Id posf = A(N * 4), ang = A(N * hd / 2 * 4);
@@ -676,60 +773,95 @@ struct StepStream::Impl {
     F({G, img32});
     const Id gimg16 = A(n * Ti * D * 2);
     F({gimg});
-    const Id dWp = A(D * d * ps * ps * 2);
     if (freeze_v) {
+      const Id dWp = A(D * d * ps * ps * 2);
       F({gimg16, mp_x});
       const Id dWp32 = A(D * d * ps * ps * 4);
       F({dWp});
       acc_image(dWp32);
-    } else {
-      const Id dXp = A(nP * d * 2);
-      F({gimg16, mp_w, mp_x});
+      return;
+    }
+    // The chunks last first: each parameter's gradient gathered over them (Place, join), the
+    // shared casts' converted to fp32 once the first chunk, processed last, has added its own.
+    const int64_t total = n;
+    ImageGrads grads(static_cast<size_t>(vl));
+    for (size_t k = chunks.size(); k-- > 0;) {
+      const VitChunk& c = chunks[k];
+      const Place place{chunks.size() - 1 - k, chunks.size()};
+      set_chunk(c.crops);
+      const Id dWp = A(D * d * ps * ps * 2), dXp = A(nP * d * 2);
+      if (place.last()) F({gimg16});
+      F({c.mp_w, c.mp_x});
       const Id dXp32 = A(nP * d * 4);
       F({dXp});
       const Id dWp32 = A(D * d * ps * ps * 4);
       F({dWp});
-      acc_image(dWp32);
+      join(grads.projector, dWp32, D * d * ps * ps * 4, place, true);
+      if (place.last()) acc_image(grads.projector);
       const Id gps = A(nP * d * 4);
       F({dXp32});
       const Id RV = A(nP * d * 4), lnf_dg = A(d * 4), lnf_db = A(d * 4);
-      F({gps, vit_last, lnfm, lnfr});
-      acc_image(lnf_dg);
-      acc_image(lnf_db);
+      F({gps, c.vit_last, c.lnfm, c.lnfr});
+      join(grads.lnf_g, lnf_dg, d * 4, place, false);
+      join(grads.lnf_b, lnf_db, d * 4, place, false);
+      if (place.last()) {
+        acc_image(grads.lnf_g);
+        acc_image(grads.lnf_b);
+      }
       G = RV;
       for (int64_t l = vl; l-- > 0;) {
         const size_t li = static_cast<size_t>(l);
-        const Id xin = l == 0 ? x_v0 : vit[li - 1].out;
+        const Id xin = l == 0 ? c.x_v0 : c.blocks[li - 1].out;
         std::vector<Id> keep;
         if (ckpt_v) {
           const VitBlock recomputed = vit_block_grad(true);
-          for (const Id c : recomputed.cached) F({c});
-          const Id next = vit_block_backward(recomputed, G, -1, true, keep);
+          for (const Id cached : recomputed.cached) F({cached});
+          const Id next =
+              vit_block_backward(recomputed, G, -1, true, keep, place, grads.blocks[li]);
           F({recomputed.out, G, xin});
-          for (const Id k : keep) acc_image(k);
+          for (const Id kept : keep) acc_image(kept);
           G = next;
         } else {
-          G = vit_block_backward(vit[li], G, xin, false, keep);
+          G = vit_block_backward(c.blocks[li], G, xin, false, keep, place, grads.blocks[li]);
         }
       }
-      // The patch embedding: the positions' gradient, the kernel's and the bias's.
-      const Id pe_g16 = A(nP * d * 2), pe_gpos = A(P * d * 4);
-      F({G});
-      acc_image(pe_gpos);
+      // The patch embedding: the positions' gradient, the kernel's (a view, cast per chunk) and
+      // the bias's (a cached cast).
+      // With one crop the positions' gradient (a sum over the crops) is a view of the residual
+      // gradient: nothing allocated, and the residual gradient stays as long as it is buffered.
+      const Id pe_g16 = A(nP * d * 2);
+      Id pe_gpos = G;
+      if (n > 1) {
+        pe_gpos = A(P * d * 4);
+        F({G});
+      } else if (place.first()) {
+        grads.positions_shared = true;
+      }
+      join(grads.positions, pe_gpos, P * d * 4, place, false);
+      if (place.last()) {
+        // AccumulateGrad cannot take over a shared gradient as the .grad: it clones it.
+        if (grads.positions_shared && !s.image_grads_) {
+          A(P * d * 4);
+          F({grads.positions});
+        } else {
+          acc_image(grads.positions);
+        }
+      }
       const Id pe_dW = A(d * K * 2), pe_db = A(d * 2);
       const ReduceStaging pe_staging = reduce_staging(s.gpu_, d, nP, 2, false);
       if (pe_staging.staging > 0) {
         const Id st = A(pe_staging.staging), sem = A(pe_staging.semaphores);
         F({sem, st});
       }
-      F({pe_g16, pe_x});
+      F({pe_g16, c.pe_x});
+      join(grads.pe_b, pe_db, d * 2, place, true);
       const Id pe_dW32 = A(d * K * 4);
       F({pe_dW});
-      const Id pe_db32 = A(d * 4);
-      F({pe_db});
-      acc_image(pe_db32);
-      acc_image(pe_dW32);
+      if (place.last()) convert(grads.pe_b, d * 4);
+      join(grads.pe_w, pe_dW32, d * K * 4, place, true);
+      if (place.last()) acc_image(grads.pe_w);
     }
+    set_chunk(total);
   }
 
   // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
@@ -758,6 +890,42 @@ struct StepStream::Impl {
     const Id eb_sum = A(V * D * 4);
     F({dhw32, eb_gw});
     acc(eb_sum);
+  }
+
+  // The gradient all-reduce over several ranks (runtime/distributed.cpp all_reduce_gradients):
+  // a parameter without a gradient on this rank gets zeros (they stay as its .grad); the
+  // gradients in the optimizer's order cut into buckets that close at kGradientBucketBytes, a
+  // bucket of several flattened by cat, two in flight. Derived from the code: no multi-GPU trace
+  // has been recorded (NCCL's stream may hold a finished bucket's block a little longer).
+  void all_reduce() {
+    if (!s.image_grads_) {
+      const OptimizerOrder image = optimizer_order(s.spec_, true);
+      const size_t image_tensors =
+          image.elements.size() - optimizer_order(s.spec_, false).elements.size();
+      for (size_t i = 0; i < image_tensors; ++i) A(4 * image.elements[i]);
+      s.image_grads_ = true;
+    }
+    const OptimizerOrder order = optimizer_order(s.spec_, true);
+    std::vector<int64_t> flattened;
+    int64_t bytes = 0, tensors = 0;
+    for (const int64_t elements : order.elements) {
+      bytes += 4 * elements;
+      ++tensors;
+      if (bytes >= kGradientBucketBytes) {
+        flattened.push_back(tensors > 1 ? bytes : 0);
+        bytes = tensors = 0;
+      }
+    }
+    if (tensors > 0) flattened.push_back(tensors > 1 ? bytes : 0);
+    std::vector<Id> in_flight;
+    for (const int64_t flat : flattened) {
+      if (in_flight.size() == 2) {
+        F({in_flight.front()});
+        in_flight.erase(in_flight.begin());
+      }
+      in_flight.push_back(A(flat));
+    }
+    for (const Id flat : in_flight) F({flat});
   }
 
   // clip_grad_norm then the fused AdamW, one call per group (train/optimizer.cpp), over the
@@ -809,6 +977,12 @@ void StepStream::free(int32_t id) {
 }
 
 void StepStream::model_states() {
+  // The communicator, created before the model, holds a 4-byte flag and 64 doubles on the
+  // device over several ranks (runtime/distributed.cpp).
+  if (spec_.ranks > 1) {
+    alloc(4);
+    alloc(8 * 64);
+  }
   for (const ParameterTensor& t : parameter_tensors(spec_)) alloc(t.bytes());
 }
 
@@ -822,6 +996,7 @@ void StepStream::step(const std::vector<MicroBatchShape>& micro_batches) {
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     walk.micro_step(micro_batches[k], k + 1 == micro_batches.size());
   }
+  if (spec_.ranks > 1) walk.all_reduce();
   walk.optimizer();
   decoder_moments_ = true;
   image_moments_ = image_moments_ || image_grads_;
@@ -890,7 +1065,6 @@ std::string unmodelled_on(const MemorySpec& spec, const DeviceTarget& target) {
            " (FlashAttention needs an NVIDIA GPU of compute "
            "capability 8.0 or more; its kernels are not replayed)";
   }
-  if (target.ranks > 1) return "the gradient all-reduce on CUDA is not replayed yet";
   if (target.gpu.multiprocessors <= 0) {
     return "the GPU " + target.gpu.name +
            " is not in the catalog (its SM count sizes the "

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -15,6 +16,7 @@
 #include "core/config_io.h"
 #include "core/gpu_catalog.h"
 #include "memory/cuda_step.h"
+#include "memory/parameter_tensors.h"
 #include "memory/recorded_trace.h"
 #include "support/test_support.h"
 
@@ -112,6 +114,38 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
       INFO("step " << recorded.step);
       const Lifetimes want = recorded_lifetimes(recorded);
       const Lifetimes got = generated_lifetimes(stream.requests(), from, to);
+      // Where the two part, for the reader of a failure: the request's index and op stack.
+      size_t part = 0;
+      while (part < got.bytes.size() && part < want.bytes.size() &&
+             got.bytes[part] == want.bytes[part] &&
+             got.freed_after[part] == want.freed_after[part]) {
+        ++part;
+      }
+      // Sizes first: a request missing or extra shows there before in the lifetimes.
+      size_t sized = 0;
+      while (sized < got.bytes.size() && sized < want.bytes.size() &&
+             got.bytes[sized] == want.bytes[sized]) {
+        ++sized;
+      }
+      if (sized < got.bytes.size() || sized < want.bytes.size()) part = sized;
+      if (part < want.bytes.size() || part < got.bytes.size()) {
+        size_t seen = 0;
+        int32_t context = -1;
+        for (const auto& e : recorded.events) {
+          if (e.kind == 'A' && seen++ == part) {
+            context = e.context;
+            break;
+          }
+        }
+        UNSCOPED_INFO(
+            "request " << part << " differs: replay "
+                       << (part < got.bytes.size() ? got.bytes[part] : -1) << " B freed after "
+                       << (part < got.freed_after.size() ? got.freed_after[part] : -2) << ", GPU "
+                       << (part < want.bytes.size() ? want.bytes[part] : -1) << " B freed after "
+                       << (part < want.freed_after.size() ? want.freed_after[part] : -2) << " ("
+                       << (context >= 0 ? trace.contexts[static_cast<size_t>(context)] : "")
+                       << ")");
+      }
       CHECK(got.bytes == want.bytes);
       CHECK(got.freed_after == want.freed_after);
       const memory::cuda::StreamPeaks peaks = memory::cuda::replay_peaks(stream.requests(), from, to);
@@ -150,4 +184,36 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
     }
   }
   CHECK(replayed >= 20);  // the walk found the recorded runs
+}
+
+TEST_CASE(
+    "cuda step replay over two ranks: the communicator's buffers before the model, the "
+    "gradients flattened into buckets before the optimizer",
+    "[cuda_step]") {
+  const Config config =
+      load_config(VLM_SOURCE_DIR "/configs/demo.yaml", {"train.precision=bf16"}).config;
+  const auto requests_of = [&](int64_t ranks) {
+    memory::cuda::StepStream stream(memory::run_spec(config, true, ranks), {});
+    stream.model_states();
+    const size_t states = stream.requests().size();
+    stream.step({{512, 3, 40, 4}});
+    return std::make_pair(states, stream.requests());
+  };
+  const auto [states1, one] = requests_of(1);
+  const auto [states2, two] = requests_of(2);
+  REQUIRE(states2 == states1 + 2);
+  CHECK(two[0].bytes == 4);       // the OOM agreement's flag
+  CHECK(two[1].bytes == 8 * 64);  // the metrics' doubles
+  // The tiny model's gradients fit one 25 MiB bucket: one flattening of all of them, the only
+  // request the second rank adds to the step.
+  std::vector<int64_t> a, b;
+  for (size_t i = states1; i < one.size(); ++i) a.push_back(one[i].bytes);
+  for (size_t i = states2; i < two.size(); ++i) b.push_back(two[i].bytes);
+  REQUIRE(b.size() == a.size() + 2);  // the bucket and its free
+  int64_t gradient_bytes = 0;
+  for (const auto& t : memory::parameter_tensors(memory::run_spec(config, true, 2))) {
+    if (t.trainable) gradient_bytes += 4 * t.elements;
+  }
+  CHECK(std::find(b.begin(), b.end(), gradient_bytes) != b.end());
+  CHECK(std::find(a.begin(), a.end(), gradient_bytes) == a.end());
 }

@@ -1,0 +1,184 @@
+// The decoder of the CUDA step replay (memory/cuda_step_walk.h): its blocks forward and
+// checkpointed (fused q/k/v and gate/up GEMMs, RoPE, varlen FlashAttention, fused RMSNorm),
+// their backward, and the embedding's backward with the tied head's gradient.
+#include "memory/cuda_step_walk.h"
+
+namespace vlm::memory::cuda {
+
+// --- the decoder ----------------------------------------------------------------------
+// RoPE on q then k (language_model.cpp apply_rotary): only the rotated tensor stays.
+void StepStream::Impl::rotary(DecBlock& b) {
+  for (const bool q : {true, false}) {
+    const int64_t width = N * (q ? Hq : Hkv) * hd;
+    const Id neg = A(width), cat = A(width * 2);
+    F({neg});
+    const Id m2 = A(width * 2), m1 = A(width * 2);
+    (q ? b.qrot : b.krot) = A(width * 2);
+    F({m1, m2, cat});
+  }
+}
+
+DecBlock StepStream::Impl::dec_block_grad(bool backward_thread, bool first_layer_of_pass) {
+  DecBlock b;
+  b.n1 = A(N * D * 4), b.n1r = A(N * 4);
+  b.qkv_cat = A(Pq * D * 4), b.qkv_w = A(Pq * D * 2), b.qkv_x = A(N * D * 2);
+  b.qkv = A(N * Pq * 2);
+  gemm_workspace(backward_thread, false);  // a no-op once the thread has its workspace
+  F({b.qkv_cat});
+  rotary(b);
+  if (first_layer_of_pass) new_bounds(backward_thread);
+  b.v = A(N * Hkv * hd * 2);
+  b.o = A(N * Hq * hd * 2), b.lse = A(Hq * N * 4), b.r16 = A(kFlashRngStateBytes),
+  b.r8 = A(kFlashRngPlaceholderBytes);
+  b.o_w = A(D * Hq * hd * 2), b.o_out = A(N * D * 2);
+  F({b.qkv});
+  b.h = A(N * D * 4);
+  F({b.o_out, b.n1});
+  b.n2 = A(N * D * 4), b.n2r = A(N * 4);
+  b.gu_cat = A(2 * Fm * D * 4), b.gu_w = A(2 * Fm * D * 2), b.gu_x = A(N * D * 2);
+  b.gu = A(N * 2 * Fm * 2);
+  F({b.gu_cat});
+  b.silu = A(N * Fm * 2), b.mul = A(N * Fm * 2);
+  b.d_w = A(Fm * D * 2), b.d_out = A(N * D * 2);
+  b.out = A(N * D * 4);
+  F({b.d_out, b.n2});
+  return b;
+}
+
+DecBlock StepStream::Impl::dec_block_checkpointed(bool first_layer) {
+  DecBlock b;
+  b.n1 = A(N * D * 4), b.n1r = A(N * 4);
+  F({b.n1r});
+  b.qkv_cat = A(Pq * D * 4), b.qkv_w = A(Pq * D * 2), b.qkv_x = A(N * D * 2);
+  b.qkv = A(N * Pq * 2);
+  gemm_workspace(false, false);
+  F({b.qkv_x, b.qkv_w, b.qkv_cat});
+  rotary(b);
+  if (first_layer) new_bounds(false);
+  b.v = A(N * Hkv * hd * 2);
+  b.o = A(N * Hq * hd * 2), b.lse = A(Hq * N * 4), b.r16 = A(kFlashRngStateBytes),
+  b.r8 = A(kFlashRngPlaceholderBytes);
+  F({b.lse, b.r16, b.r8, b.v});
+  b.o_w = A(D * Hq * hd * 2), b.o_out = A(N * D * 2);
+  F({b.o_w, b.o, b.krot, b.qrot, b.qkv});
+  b.h = A(N * D * 4);
+  F({b.o_out, b.n1});
+  b.n2 = A(N * D * 4), b.n2r = A(N * 4);
+  F({b.n2r});
+  b.gu_cat = A(2 * Fm * D * 4), b.gu_w = A(2 * Fm * D * 2), b.gu_x = A(N * D * 2);
+  b.gu = A(N * 2 * Fm * 2);
+  F({b.gu_x, b.gu_w, b.gu_cat});
+  b.silu = A(N * Fm * 2), b.mul = A(N * Fm * 2);
+  b.d_w = A(Fm * D * 2), b.d_out = A(N * D * 2);
+  F({b.d_w, b.mul, b.silu, b.gu});
+  b.out = A(N * D * 4);
+  F({b.d_out, b.n2, b.h});
+  return b;
+}
+
+// One decoder block's backward (the varlen flash backward in the middle); as the ViT's.
+Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t layer, bool ckpt,
+                                        std::vector<Id>& keep) {
+  const auto pacc = [&](Id grad) { ckpt ? keep.push_back(grad) : acc(grad); };
+  const Id g16 = A(N * D * 2);
+  const Id dWd = A(Fm * D * 2);
+  gemm_workspace(true, false);
+  const Id dXd = A(N * Fm * 2);
+  F({g16, b.d_w, b.mul});
+  const Id dWd32 = A(Fm * D * 4);
+  F({dWd});
+  pacc(dWd32);
+  const Id gup = A(N * Fm * 2), gsilu = A(N * Fm * 2);
+  F({dXd, b.silu});
+  const Id gs = A(N * Fm * 2);
+  F({gsilu, b.gu});
+  const Id ggu = A(N * 2 * Fm * 2);
+  F({gs, gup});
+  const Id dWgu = A(2 * Fm * D * 2), dX2 = A(N * D * 2);
+  F({ggu, b.gu_w, b.gu_x});
+  const Id dX2_32 = A(N * D * 4);
+  F({dX2});
+  const Id dWgu32 = A(2 * Fm * D * 4);
+  F({dWgu});
+  pacc(dWgu32);
+  const Id dn2 = A(N * D * 4), dg2 = A(D * 4);
+  F({dX2_32, b.h, b.n2r});
+  Id R = G;
+  if (ckpt) R = A(N * D * 4);  // summed out of place: the outer node holds the output's
+  F({dn2});
+  pacc(dg2);
+  const Id g16a = A(N * D * 2);
+  const Id dWo = A(D * D * 2), dXo = A(N * D * 2);
+  F({g16a, b.o_w});
+  const Id dWo32 = A(D * D * 4);
+  F({dWo});
+  pacc(dWo32);
+  // FlashAttention's varlen backward (cuda_kernels.h).
+  const Id dq = A(N * Hq * hd * 2), dk = A(N * Hkv * hd * 2), dv = A(N * Hkv * hd * 2);
+  const Id sd = A(flash_varlen_softmax_d_bytes(N, S, Hq));
+  const Id dqacc = A(flash_varlen_dq_accum_bytes(N, S, Hq, hd));
+  if (Hq != Hkv) {  // GQA: dK and dV at the query heads, summed into dk, dv
+    const Id dke = A(N * Hq * hd * 2), dve = A(N * Hq * hd * 2);
+    F({dve, dke});
+  }
+  F({dqacc, sd, dXo, b.qrot, b.krot, b.v, b.o, b.lse, b.r16, b.r8});
+  Id g1[2] = {-1, -1};
+  for (const bool q : {false, true}) {  // k, then q
+    const int64_t width = N * (q ? Hq : Hkv) * hd;
+    const bool frees_tables = layer == 0 && q && !ckpt;
+    g1[q] = A(width * 2);
+    if (frees_tables) F({cos_b});
+    const Id g2 = A(width * 2);
+    F({q ? dq : dk});
+    if (frees_tables) F({sin_b});
+    const Id gn = A(width), gc = A(width * 2);
+    F({g2, gn, gc});
+  }
+  const Id gqkv = A(N * Pq * 2);
+  F({g1[1], g1[0], dv});
+  const Id dWqkv = A(Pq * D * 2), dX1 = A(N * D * 2);
+  F({gqkv, b.qkv_w, b.qkv_x});
+  const Id dX1_32 = A(N * D * 4);
+  F({dX1});
+  const Id dWqkv32 = A(Pq * D * 4);
+  F({dWqkv});
+  pacc(dWqkv32);
+  const Id dn1 = A(N * D * 4), dg1 = A(D * 4);
+  if (ckpt) {
+    F({dX1_32, b.n1r, dn1});
+  } else {
+    F({dX1_32, xin, b.n1r, dn1});
+  }
+  pacc(dg1);
+  return R;
+}
+
+// EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
+// gradient: the sort path above 3,072 indices, then the tied head's gradient summed into it.
+void StepStream::Impl::embedding_backward(Id gtok, Id dhw32) {
+  Id eb_gw = -1;
+  if (N > kEmbeddingSortThreshold) {
+    const Id sorted = A(N * 8), orig = A(N * 8), range = A(N * 8);
+    const Id cub1 = A(embedding_sort_scratch_bytes(N));
+    F({cub1, range});
+    eb_gw = A(V * D * 4);
+    const Id segoff = A(N * 8), nseg = A(8), t1 = A(N * 8);
+    const Id cub2 = A(kEmbeddingCubScratchBytes);
+    F({cub2, t1});
+    const Id pps = A(N * 8), ppso = A(N * 8);
+    const Id cub3 = A(kEmbeddingCubScratchBytes);
+    F({cub3});
+    const Id npseg = A(8);
+    const int64_t partial_segments = N / 10 + N;
+    const Id pso = A(partial_segments * 8), gwps = A(partial_segments * D * 4);
+    F({gwps, pso, npseg, ppso, pps, nseg, segoff, orig, sorted});
+  } else {
+    eb_gw = A(V * D * 4);
+  }
+  F({gtok});
+  const Id eb_sum = A(V * D * 4);
+  F({dhw32, eb_gw});
+  acc(eb_sum);
+}
+
+}  // namespace vlm::memory::cuda

@@ -299,6 +299,18 @@ def record_matrix():
         ("460m-bf16-ckpt", nano, big("nanovlm-460m") + bf16 + ckpt, 2),
         ("460m-bf16-frozen-vision", nano, big("nanovlm-460m") + bf16 + ["model.freeze_vision=true"], 2),
         ("460m-bf16-vitchunk16", nano, big("nanovlm-460m") + bf16 + ["model.vision_chunk_crops=16"], 2),
+        # What the CUDA step replay does not cover yet (docs/memory.md, "The CUDA step replay"):
+        # the loss in chunks (16 tokens: every micro-batch chunks it), LLaVA's first stage (the
+        # projector alone trained, the towers frozen in bf16), a checkpointed ViT in chunks.
+        ("tiny-bf16-losschunk16", demo, tiny + bf16 + ["model.loss_chunk_tokens=16"], 3),
+        ("tiny-bf16-projector-only", demo,
+         tiny + bf16 + ["model.freeze_vision=true", "model.freeze_language=true",
+                        "model.frozen_dtype=bf16"], 3),
+        ("222m-bf16-projector-only", nano,
+         big("nanovlm-222m") + bf16 + ["model.freeze_vision=true", "model.freeze_language=true",
+                                        "model.frozen_dtype=bf16"], 2),
+        ("tiny-bf16-vitchunk8-ckpt", demo,
+         tiny + bf16 + ["model.vision_chunk_crops=8", "model.checkpoint_vision=true"], 3),
     ]
 
 

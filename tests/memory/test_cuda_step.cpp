@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <sstream>
 #include <unordered_map>
 
@@ -18,6 +19,7 @@
 #include "memory/cuda_step.h"
 #include "memory/parameter_tensors.h"
 #include "memory/recorded_trace.h"
+#include "spec/model_spec.h"
 #include "support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -216,4 +218,68 @@ TEST_CASE(
   }
   CHECK(std::find(b.begin(), b.end(), gradient_bytes) != b.end());
   CHECK(std::find(a.begin(), a.end(), gradient_bytes) == a.end());
+}
+
+TEST_CASE(
+    "cuda step replay over random configurations: every free is of a live request, a step "
+    "leaves the process's state as it found it, and a step's peak is above that state",
+    "[cuda_step]") {
+  std::mt19937 rng(11);
+  const auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int covered = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    ModelLevers levers;
+    levers.checkpoint_vision = pick(0, 2) == 0;
+    levers.checkpoint_language = pick(0, 2) == 0;
+    levers.freeze_vision = pick(0, 3) == 0;
+    levers.frozen_dtype = pick(0, 1) ? "bf16" : "fp32";
+    levers.vision_chunk_crops = pick(0, 1) ? pick(1, 5) : 0;
+    memory::MemorySpec spec =
+        memory::memory_spec(spec::preset("tiny"), levers, memory::ComputePrecision::kBf16);
+    spec.ranks = pick(1, 2);
+    INFO("trial " << trial << ": checkpoint " << levers.checkpoint_vision
+                  << levers.checkpoint_language << ", frozen ViT " << levers.freeze_vision << " ("
+                  << levers.frozen_dtype << "), chunks " << levers.vision_chunk_crops << ", ranks "
+                  << spec.ranks);
+    if (!memory::cuda::unmodelled(spec).empty()) continue;
+    ++covered;
+    std::vector<memory::cuda::MicroBatchShape> step;
+    const int64_t micro = pick(1, 3);
+    for (int64_t k = 0; k < micro; ++k) {
+      const int64_t tokens = 8 * pick(4, 64);
+      step.push_back({tokens, pick(1, 6), pick(1, tokens / 2), pick(0, 1) ? pick(0, 9) : 0});
+    }
+    memory::cuda::StepStream stream(spec, {});
+    stream.model_states();
+    const auto live_after = [&] {
+      std::map<int32_t, int64_t> live;
+      for (const auto& r : stream.requests()) {
+        if (r.bytes > 0) {
+          live[r.id] = r.bytes;
+        } else {
+          live.erase(r.id);
+        }
+      }
+      int64_t bytes = 0;
+      for (const auto& [id, b] : live) bytes += b;
+      return std::make_pair(live.size(), bytes);
+    };
+    // A text-only micro-batch first at times: the image path's gradients come a step later.
+    if (pick(0, 2) == 0) stream.step({{64, 1, 8, 0}});
+    REQUIRE_NOTHROW(stream.step(step));  // a free of a request not live throws
+    const auto after_first = live_after();
+    const size_t from = stream.requests().size();
+    REQUIRE_NOTHROW(stream.step(step));
+    const auto after_second = live_after();
+    // The second step of the same micro-batches leaves what the first left: the model states,
+    // gradients, moments, cuBLAS's workspaces and the cached cu_seqlens.
+    CHECK(after_second == after_first);
+    const memory::cuda::StreamPeaks peaks =
+        memory::cuda::replay_peaks(stream.requests(), from, stream.requests().size());
+    CHECK(peaks.allocated > peaks.allocated_before);
+    CHECK(peaks.reserved >= peaks.allocated);
+  }
+  CHECK(covered >= 20);
 }

@@ -147,6 +147,18 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
     }
   }
 
+  // On a target the CUDA step replay covers, the worst case is the candidate heaviest there
+  // (chosen on the target, or on the catalog's first GPU for every catalog GPU).
+  if (report.worst.modelled) {
+    const estimate::StepPeak worst = estimate::worst_step_on(
+        config, report.worst, modelled_on, calibrated(modelled_on.target).corrections);
+    const auto &chosen = worst.micro_batches, &before = report.worst.step.micro_batches;
+    if (!chosen.empty() && !before.empty() &&
+        (chosen.front().crops != before.front().crops ||
+         chosen.front().supervised_tokens != before.front().supervised_tokens)) {
+      estimate::adopt_worst(report.worst, worst, config.train.gradient_accumulation_steps);
+    }
+  }
   const auto result_for = [&](const sampler::MemoryBudget& t) {
     estimate::TargetResult r;
     r.target = t;

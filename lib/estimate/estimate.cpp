@@ -54,18 +54,24 @@ WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t r
     }
   }
   e.modelled = true;
+  adopt_worst(e, e.step, micro_steps);
+  return e;
+}
+
+void adopt_worst(WorstCaseEstimate& e, const StepPeak& step, int64_t micro_steps) {
+  e.step = step;
+  if (!step.micro_batches.empty()) e.shape = step.micro_batches.front();
   e.saved = memory::saved_activations(e.spec, e.shape);
   e.batch_tensor_bytes = memory::batch_tensor_bytes(e.spec, e.shape);
-  const std::vector<memory::BatchShape> step(static_cast<size_t>(std::min<int64_t>(micro_steps, 2)),
-                                             e.shape);
-  const memory::StepPrediction later = memory::predict_step(e.spec, step, {true, true});
-  const memory::StepPrediction first = memory::predict_step(e.spec, step, {true, false});
+  const std::vector<memory::BatchShape> micro(
+      static_cast<size_t>(std::min<int64_t>(micro_steps, 2)), e.shape);
+  const memory::StepPrediction later = memory::predict_step(e.spec, micro, {true, true});
+  const memory::StepPrediction first = memory::predict_step(e.spec, micro, {true, false});
   e.phases.forward = later.forward_peak;
   e.phases.backward = later.backward_peak;
   e.phases.gradient_allreduce = later.allreduce_peak;
   e.phases.optimizer = later.optimizer_peak;
   e.phases.optimizer_first_step = first.optimizer_peak;
-  return e;
 }
 
 std::string unmodelled_target(const memory::MemorySpec& spec, const memory::DeviceTarget& target) {
@@ -78,6 +84,26 @@ std::string unmodelled_target(const memory::MemorySpec& spec, const memory::Devi
   return "LibTorch " + target.torch.str() +
          "'s attention (scaled_dot_product_attention) is not replayed on the CPU yet: the "
          "memory model follows LibTorch 1.13's operators there";
+}
+
+StepPeak worst_step_on(const Config& config, const WorstCaseEstimate& e,
+                       const sampler::MemoryBudget& target,
+                       const memory::DeviceCorrections& corrections) {
+  if (!e.modelled || !memory::cuda::unmodelled_on(e.spec, target.target).empty()) return e.step;
+  StepPeak worst = e.step;
+  int64_t most = -1;
+  for (const memory::BatchShape& shape : worst_case_shapes(config, e.worst)) {
+    const StepPeak step =
+        step_peak(e.spec, shape, config.train.gradient_accumulation_steps, config.train.preflight);
+    if (!step.tensors.modelled) continue;
+    const auto replayed = memory::cuda::replayed_step(e.spec, step.micro_batches, step.state,
+                                                      target.target, corrections);
+    if (replayed && replayed->device > most) {
+      most = replayed->device;
+      worst = step;
+    }
+  }
+  return worst;
 }
 
 Verdict verdict(const memory::MemorySpec& spec, const StepPeak& step,

@@ -60,6 +60,9 @@ struct WorstCaseEstimate {
 };
 
 WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks = 1);
+// Makes `step` (one of the candidates) the worst case of `e`: its shape, saved activations,
+// batch tensors and phases.
+void adopt_worst(WorstCaseEstimate& e, const StepPeak& step, int64_t micro_steps);
 
 // The tensor replay follows LibTorch 1.13's operators. From 2.0 on, attention runs through
 // scaled_dot_product_attention (runtime/compat.h), whose kernels save and allocate other
@@ -67,6 +70,14 @@ WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t r
 // covers (memory/cuda_step.h: LibTorch 2.11's CUDA path): the reason a target is not modelled,
 // or "".
 std::string unmodelled_target(const memory::MemorySpec& spec, const memory::DeviceTarget& target);
+
+// The worst case on a CUDA target the step replay covers (memory/cuda_step.h): of the candidate
+// micro-batches (shapes.h), the one whose replayed step needs the most there, as the step
+// verdict() replays; `e.step` (the tensor replay's heaviest) elsewhere. The two choices can
+// differ: LibTorch 1.13's attention scores weigh crops far more than 2.x's kernels do.
+StepPeak worst_step_on(const Config& config, const WorstCaseEstimate& e,
+                       const sampler::MemoryBudget& target,
+                       const memory::DeviceCorrections& corrections);
 
 // A tensor peak set against a target: the device's layers over it (memory/device_terms.h;
 // on the CPU every term is 0), and the verdict.

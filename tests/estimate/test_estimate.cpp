@@ -341,3 +341,31 @@ TEST_CASE("the JSON report carries every key docs/estimate-memory.md documents, 
     CHECK(emitted.count(key) == 1);
   }
 }
+
+TEST_CASE(
+    "on a replayed CUDA target the worst case is the candidate heaviest there, on 1.13 the "
+    "tensor replay's") {
+  Config config = load_config(VLM_SOURCE_DIR "/configs/demo.yaml").config;
+  config.train.precision = "bf16";
+  const estimate::WorstCaseEstimate e = estimate::estimate_worst_case(config, true);
+  REQUIRE(e.modelled);
+  const auto h100 = [](memory::TorchVersion torch) {
+    sampler::MemoryBudget b;
+    b.target = memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), torch, 1);
+    b.device_bytes = b.target.gpu.memory_bytes;
+    return b;
+  };
+  const estimate::StepPeak old = estimate::worst_step_on(config, e, h100({1, 13}), {});
+  CHECK(old.tensors.peak_bytes == e.step.tensors.peak_bytes);
+  CHECK(old.micro_batches.front().crops == e.shape.crops);
+  const sampler::MemoryBudget now = h100({2, 11});
+  const estimate::StepPeak chosen = estimate::worst_step_on(config, e, now, {});
+  const estimate::Verdict v = estimate::verdict(e.spec, chosen, now, {});
+  CHECK(v.device.replayed);
+  CHECK(v.peak_bytes >= estimate::verdict(e.spec, e.step, now, {}).peak_bytes);
+  for (const memory::BatchShape& shape : estimate::worst_case_shapes(config, e.worst)) {
+    const estimate::StepPeak step = estimate::step_peak(
+        e.spec, shape, config.train.gradient_accumulation_steps, config.train.preflight);
+    CHECK(estimate::verdict(e.spec, step, now, {}).peak_bytes <= v.peak_bytes);
+  }
+}

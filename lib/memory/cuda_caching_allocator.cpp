@@ -23,22 +23,6 @@ int64_t cuda_segment_bytes(int64_t block) {
   return round_up(block, kCudaRoundLarge);
 }
 
-// A block of a segment; prev / next link the blocks of one segment in address order.
-struct CudaCachingAllocatorModel::Block {
-  uint64_t address = 0;
-  int64_t size = 0;
-  bool small = false;
-  bool allocated = false;
-  Block* prev = nullptr;
-  Block* next = nullptr;
-};
-
-// BlockComparatorSize: by size, then address (one stream, so the stream compares equal).
-bool CudaCachingAllocatorModel::BySize::operator()(const Block* a, const Block* b) const {
-  if (a->size != b->size) return a->size < b->size;
-  return a->address < b->address;
-}
-
 CudaCachingAllocatorModel::CudaCachingAllocatorModel() = default;
 CudaCachingAllocatorModel::~CudaCachingAllocatorModel() = default;
 CudaCachingAllocatorModel::CudaCachingAllocatorModel(CudaCachingAllocatorModel&&) noexcept =
@@ -46,12 +30,75 @@ CudaCachingAllocatorModel::CudaCachingAllocatorModel(CudaCachingAllocatorModel&&
 CudaCachingAllocatorModel& CudaCachingAllocatorModel::operator=(
     CudaCachingAllocatorModel&&) noexcept = default;
 
+CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::new_block() {
+  if (!spare_.empty()) {
+    Block* b = spare_.back();
+    spare_.pop_back();
+    *b = Block();
+    return b;
+  }
+  return &arena_.emplace_back();
+}
+
+void CudaCachingAllocatorModel::SmallPool::insert(Block* b) {
+  const int64_t c = b->size / kCudaMinBlockSize;
+  buckets[static_cast<size_t>(c)].push_back(b);
+  nonempty[static_cast<size_t>(c / 64)] |= uint64_t{1} << (c % 64);
+}
+
+void CudaCachingAllocatorModel::SmallPool::erase(Block* b) {
+  const int64_t c = b->size / kCudaMinBlockSize;
+  auto& bucket = buckets[static_cast<size_t>(c)];
+  const auto it = std::find(bucket.begin(), bucket.end(), b);
+  if (it == bucket.end()) return;
+  *it = bucket.back();
+  bucket.pop_back();
+  if (bucket.empty()) nonempty[static_cast<size_t>(c / 64)] &= ~(uint64_t{1} << (c % 64));
+}
+
+int64_t CudaCachingAllocatorModel::SmallPool::first_class(int64_t from) const {
+  for (int64_t w = from / 64; w < static_cast<int64_t>(nonempty.size()); ++w) {
+    uint64_t bits = nonempty[static_cast<size_t>(w)];
+    if (w == from / 64) bits &= ~uint64_t{0} << (from % 64);
+    if (bits != 0) return w * 64 + __builtin_ctzll(bits);
+  }
+  return -1;
+}
+
+bool CudaCachingAllocatorModel::SmallPool::fits(int64_t size) const {
+  return first_class(size / kCudaMinBlockSize) >= 0;
+}
+
+CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::SmallPool::take(int64_t size) {
+  const int64_t c = first_class(size / kCudaMinBlockSize);
+  if (c < 0) return nullptr;
+  auto& bucket = buckets[static_cast<size_t>(c)];
+  // Equal sizes: the lowest address, as the size-ordered set gives it.
+  auto best = std::min_element(bucket.begin(), bucket.end(), [](const Block* a, const Block* b) {
+    return a->address < b->address;
+  });
+  Block* b = *best;
+  *best = bucket.back();
+  bucket.pop_back();
+  if (bucket.empty()) nonempty[static_cast<size_t>(c / 64)] &= ~(uint64_t{1} << (c % 64));
+  return b;
+}
+
 void CudaCachingAllocatorModel::insert_free(Block* b) {
-  (b->small ? small_free_ : large_free_).insert(b);
+  if (b->small) return small_free_.insert(b);
+  large_free_[b->size].push_back(b);
 }
 
 void CudaCachingAllocatorModel::erase_free(Block* b) {
-  (b->small ? small_free_ : large_free_).erase(b);
+  if (b->small) return small_free_.erase(b);
+  const auto bucket = large_free_.find(b->size);
+  if (bucket == large_free_.end()) return;
+  auto& blocks = bucket->second;
+  const auto it = std::find(blocks.begin(), blocks.end(), b);
+  if (it == blocks.end()) return;
+  *it = blocks.back();
+  blocks.pop_back();
+  if (blocks.empty()) large_free_.erase(bucket);
 }
 
 void CudaCachingAllocatorModel::load(const std::vector<Segment>& segments) {
@@ -60,15 +107,14 @@ void CudaCachingAllocatorModel::load(const std::vector<Segment>& segments) {
     uint64_t address = s.address;
     Block* prev = nullptr;
     for (const auto& [bytes, allocated] : s.blocks) {
-      auto block = std::make_unique<Block>();
-      Block* b = block.get();
+      Block* b = new_block();
       b->address = address;
       b->size = bytes;
       b->small = !s.large;
       b->allocated = allocated;
       b->prev = prev;
       if (prev != nullptr) prev->next = b;
-      blocks_.emplace(address, std::move(block));
+      if (prev == nullptr) segments_.push_back(b);
       reserved_ += bytes;
       if (allocated) {
         live_.emplace(address, b);
@@ -93,40 +139,56 @@ void CudaCachingAllocatorModel::reset_peaks() {
 // size-ordered pool). With max_split_size unset neither of its "oversized block" refusals apply.
 CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::take_free_block(int64_t size,
                                                                              bool small) {
-  auto& pool = small ? small_free_ : large_free_;
-  Block key;
-  key.size = size;
-  key.address = 0;
-  const auto it = pool.lower_bound(&key);
-  if (it == pool.end()) return nullptr;
-  Block* b = *it;
-  pool.erase(it);
+  if (small) return small_free_.take(size);
+  const auto bucket = large_free_.lower_bound(size);
+  if (bucket == large_free_.end()) return nullptr;
+  auto& blocks = bucket->second;
+  // Equal sizes: the lowest address, as the size-ordered set gives it.
+  const auto best =
+      std::min_element(blocks.begin(), blocks.end(),
+                       [](const Block* a, const Block* b) { return a->address < b->address; });
+  Block* b = *best;
+  *best = blocks.back();
+  blocks.pop_back();
+  if (blocks.empty()) large_free_.erase(bucket);
   return b;
 }
 
 bool CudaCachingAllocatorModel::needs_segment(int64_t bytes) const {
   const int64_t size = cuda_block_bytes(bytes);
-  const auto& pool = size <= kCudaSmallSize ? small_free_ : large_free_;
-  Block key;
-  key.size = size;
-  return pool.lower_bound(&key) == pool.end();
+  if (size <= kCudaSmallSize) return !small_free_.fits(size);
+  return large_free_.lower_bound(size) == large_free_.end();
 }
 
 uint64_t CudaCachingAllocatorModel::allocate(int64_t bytes,
                                              std::optional<uint64_t> new_segment_address) {
+  Block* b = allocate_block(bytes, new_segment_address);
+  live_.emplace(b->address, b);
+  return b->address;
+}
+
+const void* CudaCachingAllocatorModel::acquire(int64_t bytes) {
+  return allocate_block(bytes, std::nullopt);
+}
+
+void CudaCachingAllocatorModel::release(const void* block) {
+  free_block(const_cast<Block*>(static_cast<const Block*>(block)));
+}
+
+CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::allocate_block(
+    int64_t bytes, std::optional<uint64_t> new_segment_address) {
   if (bytes <= 0) throw std::invalid_argument("CudaCachingAllocatorModel: a request of 0 bytes");
   const int64_t size = cuda_block_bytes(bytes);  // round_size
   const bool small = size <= kCudaSmallSize;     // get_pool
   Block* b = take_free_block(size, small);
   if (b == nullptr) {  // alloc_block: one cudaMalloc of get_allocation_size
-    auto block = std::make_unique<Block>();
-    b = block.get();
+    b = new_block();
     b->size = cuda_segment_bytes(size);
     b->small = small;
     b->address = new_segment_address.value_or(next_address_);
     next_address_ =
         std::max(next_address_, b->address + static_cast<uint64_t>(b->size) + (uint64_t{1} << 30));
-    blocks_.emplace(b->address, std::move(block));
+    segments_.push_back(b);
     reserved_ += b->size;
     peak_reserved_ = std::max(peak_reserved_, reserved_);
   }
@@ -134,8 +196,7 @@ uint64_t CudaCachingAllocatorModel::allocate(int64_t bytes,
   // of more than kSmallSize; otherwise the request keeps (and counts) the whole block.
   const int64_t remaining = b->size - size;
   if (small ? remaining >= kCudaMinBlockSize : remaining > kCudaSmallSize) {
-    auto rest = std::make_unique<Block>();
-    Block* r = rest.get();
+    Block* r = new_block();
     r->address = b->address + static_cast<uint64_t>(size);
     r->size = remaining;
     r->small = small;
@@ -144,14 +205,12 @@ uint64_t CudaCachingAllocatorModel::allocate(int64_t bytes,
     if (b->next != nullptr) b->next->prev = r;
     b->next = r;
     b->size = size;
-    blocks_.emplace(r->address, std::move(rest));
     insert_free(r);
   }
   b->allocated = true;
   allocated_ += b->size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
-  live_.emplace(b->address, b);
-  return b->address;
+  return b;
 }
 
 // Block `b` takes in the block after it (free, and out of its pool), which goes away.
@@ -161,7 +220,7 @@ void CudaCachingAllocatorModel::absorb_next(Block* b) {
   b->size += n->size;
   b->next = n->next;
   if (n->next != nullptr) n->next->prev = b;
-  blocks_.erase(n->address);
+  spare_.push_back(n);
 }
 
 // free_block: the block merges with a free neighbour on either side (try_merge_blocks), then
@@ -171,6 +230,11 @@ bool CudaCachingAllocatorModel::free(uint64_t address) {
   if (it == live_.end()) return false;
   Block* b = it->second;
   live_.erase(it);
+  free_block(b);
+  return true;
+}
+
+void CudaCachingAllocatorModel::free_block(Block* b) {
   b->allocated = false;
   allocated_ -= b->size;
   if (Block* p = b->prev; p != nullptr && !p->allocated) {
@@ -180,17 +244,18 @@ bool CudaCachingAllocatorModel::free(uint64_t address) {
   }
   if (b->next != nullptr && !b->next->allocated) absorb_next(b);
   insert_free(b);
-  return true;
 }
 
 std::vector<CudaCachingAllocatorModel::Segment> CudaCachingAllocatorModel::segments() const {
+  std::vector<const Block*> heads(segments_.begin(), segments_.end());
+  std::sort(heads.begin(), heads.end(),
+            [](const Block* a, const Block* b) { return a->address < b->address; });
   std::vector<Segment> out;
-  for (const auto& [address, block] : blocks_) {
-    if (block->prev != nullptr) continue;  // not a segment's first block
+  for (const Block* head : heads) {
     Segment& s = out.emplace_back();
-    s.address = address;
-    s.large = !block->small;
-    for (const Block* b = block.get(); b != nullptr; b = b->next) {
+    s.address = head->address;
+    s.large = !head->small;
+    for (const Block* b = head; b != nullptr; b = b->next) {
       s.blocks.emplace_back(b->size, b->allocated);
     }
   }

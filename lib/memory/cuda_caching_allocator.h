@@ -10,10 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
-#include <memory>
 #include <optional>
-#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -66,6 +65,11 @@ class CudaCachingAllocatorModel {
   // Frees the block at `address` (completed: one stream, no pending events). False when no
   // block is allocated there.
   bool free(uint64_t address);
+  // The same pair for a caller that keeps the block it was given (the step replay, tens of
+  // thousands of requests a prediction): no lookup by address. A block taken by acquire is
+  // given back by release, never by free(address).
+  const void* acquire(int64_t bytes);
+  void release(const void* block);
 
   int64_t allocated_bytes() const { return allocated_; }
   int64_t reserved_bytes() const { return reserved_; }
@@ -76,18 +80,44 @@ class CudaCachingAllocatorModel {
   std::vector<Segment> segments() const;
 
  private:
-  struct Block;
-  struct BySize {
-    bool operator()(const Block* a, const Block* b) const;
+  // A block of a segment; prev / next link the blocks of one segment in address order.
+  struct Block {
+    uint64_t address = 0;
+    int64_t size = 0;
+    bool small = false;
+    bool allocated = false;
+    Block* prev = nullptr;
+    Block* next = nullptr;
   };
+  Block* new_block();
+  Block* allocate_block(int64_t bytes, std::optional<uint64_t> new_segment_address);
+  void free_block(Block* b);
   Block* take_free_block(int64_t size, bool small);
   void insert_free(Block* b);
   void erase_free(Block* b);
   void absorb_next(Block* b);
 
-  std::set<Block*, BySize> small_free_, large_free_;
+  // The pools, searched as PyTorch's BlockComparatorSize orders them with one stream (by size,
+  // then address): the small pool's blocks (at most a 2 MiB segment each, so at most 4,096
+  // sizes of 512 B) in one bucket per size with a bitmap of the non-empty ones, the large pool
+  // in a bucket per size in an ordered map (thousands of blocks, far fewer sizes). The step replay
+  // makes tens of thousands of requests a prediction; a tree per pool was most of its time.
+  struct SmallPool {
+    static constexpr int64_t kSizes = kCudaSmallBuffer / kCudaMinBlockSize;
+    std::vector<std::vector<Block*>> buckets = std::vector<std::vector<Block*>>(kSizes + 1);
+    std::vector<uint64_t> nonempty = std::vector<uint64_t>(kSizes / 64 + 1, 0);
+    void insert(Block* b);
+    void erase(Block* b);
+    Block* take(int64_t size);                // best fit, out of the pool; nullptr when none
+    bool fits(int64_t size) const;            // a block of at least `size` is there
+    int64_t first_class(int64_t from) const;  // the first non-empty bucket from `from`, or -1
+  };
+  SmallPool small_free_;
+  std::map<int64_t, std::vector<Block*>> large_free_;  // by size; the lowest address wins
   std::unordered_map<uint64_t, Block*> live_;          // allocated blocks by address
-  std::map<uint64_t, std::unique_ptr<Block>> blocks_;  // every block, by address
+  std::deque<Block> arena_;                            // every block ever made; stable addresses
+  std::vector<Block*> spare_;                          // blocks merged away, for reuse
+  std::vector<Block*> segments_;                       // each segment's first block
   int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t next_address_ = uint64_t{1} << 48;
 };

@@ -23,7 +23,9 @@ bool decays(const std::string& name) {
 
 namespace detail {
 
-OptimizerOrder optimizer_order(const MemorySpec& spec, bool image_path) {
+namespace {
+
+OptimizerOrder compute_order(const MemorySpec& spec, bool image_path) {
   std::vector<ParameterTensor> tensors = parameter_tensors(spec);
   // named_parameters lists the patch embedding's own positions before its conv's tensors.
   const auto positions = std::find_if(tensors.begin(), tensors.end(), [](const ParameterTensor& t) {
@@ -49,6 +51,59 @@ OptimizerOrder optimizer_order(const MemorySpec& spec, bool image_path) {
   }
   return order;
 }
+
+// What the stream needs of the model's tensors, computed once per model (a prediction asks for
+// them several times, and naming 1,400 tensors costs more than replaying them): the model
+// states' bytes in construction order and AdamW's order with and without the image path.
+struct ModelTables {
+  std::vector<int64_t> key;
+  std::vector<int64_t> state_bytes;
+  OptimizerOrder order[2];  // [image path]
+};
+
+const ModelTables& tables_of(const MemorySpec& spec) {
+  const auto& v = spec.dims.vision;
+  const auto& l = spec.dims.language;
+  std::vector<int64_t> key = {v.image_size,
+                              v.patch_size,
+                              v.hidden_size,
+                              v.num_layers,
+                              v.num_heads,
+                              v.mlp_size,
+                              spec.dims.projector.pixel_shuffle,
+                              l.hidden_size,
+                              l.num_layers,
+                              l.num_heads,
+                              l.num_kv_heads,
+                              l.mlp_size,
+                              l.vocab_size,
+                              l.extra_tokens,
+                              l.tie_embeddings,
+                              spec.vision.trainable,
+                              spec.vision.parameter_bytes,
+                              spec.projector.trainable,
+                              spec.projector.parameter_bytes,
+                              spec.language.trainable,
+                              spec.language.parameter_bytes};
+  thread_local ModelTables cached;
+  if (cached.key != key) {
+    cached.key = std::move(key);
+    cached.state_bytes.clear();
+    for (const ParameterTensor& t : parameter_tensors(spec))
+      cached.state_bytes.push_back(t.bytes());
+    cached.order[0] = compute_order(spec, false);
+    cached.order[1] = compute_order(spec, true);
+  }
+  return cached;
+}
+
+}  // namespace
+
+OptimizerOrder optimizer_order(const MemorySpec& spec, bool image_path) {
+  return tables_of(spec).order[image_path ? 1 : 0];
+}
+
+std::vector<int64_t> state_bytes(const MemorySpec& spec) { return tables_of(spec).state_bytes; }
 
 }  // namespace detail
 
@@ -335,7 +390,7 @@ void StepStream::model_states() {
     alloc(4);
     alloc(8 * 64);
   }
-  for (const ParameterTensor& t : parameter_tensors(spec_)) alloc(t.bytes());
+  for (const int64_t bytes : detail::state_bytes(spec_)) alloc(bytes);
 }
 
 bool StepStream::chunks_loss(const MicroBatchShape& micro) const {
@@ -384,15 +439,13 @@ void StepStream::backward_passes(const std::vector<MicroBatchShape>& micro_batch
 
 StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to) {
   CudaCachingAllocatorModel allocator;
-  std::vector<uint64_t> address;
-  address.reserve(requests.size());
+  std::vector<const void*> block(requests.size(), nullptr);  // by id: ids are below the count
   const auto apply = [&](const Request& r) {
     const auto id = static_cast<size_t>(r.id);
     if (r.bytes > 0) {
-      if (address.size() <= id) address.resize(id + 1, 0);
-      address[id] = allocator.allocate(r.bytes);
+      block[id] = allocator.acquire(r.bytes);
     } else {
-      allocator.free(address[id]);
+      allocator.release(block[id]);
     }
   };
   for (size_t i = 0; i < from && i < requests.size(); ++i) apply(requests[i]);

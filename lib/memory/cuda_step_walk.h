@@ -25,6 +25,8 @@ struct OptimizerOrder {
   int64_t largest = 0;
 };
 OptimizerOrder optimizer_order(const MemorySpec& spec, bool image_path);
+// The model states' bytes in construction order (memory/parameter_tensors.h).
+std::vector<int64_t> state_bytes(const MemorySpec& spec);
 
 // One ViT block's tensors that outlive its statements (docs/memory.md, "On CUDA").
 struct VitBlock {

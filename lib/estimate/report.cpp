@@ -255,6 +255,11 @@ json to_json(const Report& r) {
 }
 
 std::string to_text(const Report& r, bool bars) {
+  // A CUDA target whose verdict replays the step (memory/cuda_step.h): the tensor figures above
+  // it are LibTorch 1.13's operators, and say so.
+  const bool replayed = std::any_of(r.targets.begin(), r.targets.end(), [](const TargetResult& t) {
+    return t.verdict.device.replayed;
+  });
   const WorstCaseEstimate& e = r.worst;
   const Config& c = r.resolved;
   const int64_t patches = spec::patches_per_crop(c.model.dims.vision);
@@ -290,10 +295,7 @@ std::string to_text(const Report& r, bool bars) {
     const int64_t peak = e.step.tensors.peak_bytes;
     out << "worst-case step peak: " << gib(peak) << " of tensors (" << with_commas(peak)
         << " B), at " << e.step.tensors.peak_phase << "\n";
-    const bool replayed =
-        std::any_of(r.targets.begin(), r.targets.end(),
-                    [](const TargetResult& t) { return t.verdict.device.replayed; });
-    if (replayed && !r.torch.empty() && r.torch.rfind("1.", 0) != 0) {
+    if (replayed) {
       out << "  (the tensor replay follows LibTorch 1.13's operators, which keep attention's "
              "scores; the CUDA verdicts below replay LibTorch "
           << r.torch << "'s kernels)\n";
@@ -330,13 +332,15 @@ std::string to_text(const Report& r, bool bars) {
         << (r.typical->stopped_at > 0
                 ? "; planning stopped at " + std::to_string(r.typical->stopped_at) + ", a sample"
                 : std::string())
-        << "): peak p50 " << gib(d.p50) << ", p99 " << gib(d.p99) << ", max " << gib(d.max);
+        << "): " << (replayed ? "tensor " : "") << "peak p50 " << gib(d.p50) << ", p99 "
+        << gib(d.p99) << ", max " << gib(d.max);
     if (e.modelled && e.step.tensors.peak_bytes > 0 && !c.train.batch_size_auto()) {
       out << " (" << fixed(100.0 * static_cast<double>(d.max) /
                                 static_cast<double>(e.step.tensors.peak_bytes), 0)
           << "% of the worst case)";
     }
     out << "\n";
+    if (replayed) out << "  (LibTorch 1.13's operators; the CUDA verdicts below replay the step)\n";
     if (r.typical->unmodelled > 0) {
       out << "  " << r.typical->unmodelled << " micro-batches not modelled: " << r.typical->why_not
           << "\n";

@@ -116,6 +116,10 @@ ExitCode Trainer::run() {
     write_synced(run_dir_ / "config.yaml", to_yaml(config_, true));
   }
   resume_if_possible();
+  // Before the first step the cursor is the pipeline's own (at the start, or where a resumed
+  // run continues): a stop before any step then saves a checkpoint that resumes right there.
+  // The loader, which plans ahead on its thread, does not exist yet.
+  if (cursor_.is_null()) cursor_ = pipeline_->cursor();
   const int64_t first_step = state_.step;
   metrics_ = std::make_unique<MetricsSink>(run_dir_ / "metrics.jsonl", comm_->rank(), first_step,
                                            config_.output.tensorboard);

@@ -181,3 +181,22 @@ CATCH_TEST_CASE("SIGTERM to one rank while every rank waits for data stops them 
   CATCH_CHECK(last_checkpoint(out.path()).filename() == "step-00000002");
   CATCH_CHECK(fs::exists(last_checkpoint(out.path()) / "COMPLETE.json"));
 }
+
+// SIGTERM before the first step (VLMTRAIN_INJECT_FAULT=stall_data@1: its data never comes): the
+// checkpoint of step 0 keeps the pipeline's cursor at the start, so the run resumes from it and
+// finishes (a random SIGTERM found it saved no cursor: the resume refused it, exit 2).
+CATCH_TEST_CASE("SIGTERM before the first step saves a checkpoint the run resumes from") {
+  TempDir out;
+  const pid_t pid = start_vlmtrain(run_args(out.path(), ""), "VLMTRAIN_INJECT_FAULT=stall_data@1 ");
+  wait_until([&] { return !records(out.path(), "run").empty(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // waiting for step 1's data
+  ::kill(pid, SIGTERM);
+  const int status = wait_for(pid);
+  CATCH_REQUIRE(WIFEXITED(status));
+  CATCH_REQUIRE(WEXITSTATUS(status) == static_cast<int>(vlm::ExitCode::kStoppedBySignal));
+  CATCH_REQUIRE(last_checkpoint(out.path()).filename() == "step-00000000");
+  const auto resumed = run_vlmtrain(run_args(out.path(), ""));
+  CATCH_INFO(resumed.output);
+  CATCH_REQUIRE(resumed.exit_code == 0);
+  CATCH_CHECK(records(out.path(), "step").size() == 6);
+}

@@ -3,12 +3,16 @@
 // ranks. Input: the config file's text, then optionally a NUL byte and one
 // "section.key=value" override per line (as fuzz_config). Invariants of a modelled answer:
 // every figure is a count of bytes (not negative, within the model's range, memory/magnitude.h),
-// the peak holds the static bytes, and each phase's peak is at most the step's.
+// the peak holds the static bytes, and each phase's peak is at most the step's; on CUDA also the
+// step replayed for an H100 with LibTorch 2.11 (memory/cuda_step.h), where it applies: its
+// worst case and verdict are counts of bytes, reserved at least allocated.
 #include <string>
 
 #include "core/config_io.h"
+#include "core/gpu_catalog.h"
 #include "estimate/estimate.h"
 #include "fuzz_support.h"
+#include "memory/cuda_step.h"
 #include "memory/magnitude.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -43,6 +47,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                  std::to_string(p.peak_bytes) + ", static " +
                                  std::to_string(p.static_bytes) + (cuda ? ", cuda" : ", cpu") +
                                  ", ranks " + std::to_string(ranks));
+    }
+    if (!cuda) return;
+    vlm::sampler::MemoryBudget h100;
+    h100.target =
+        vlm::memory::DeviceTarget::cuda_device(*vlm::find_gpu("H100-80GB"), {2, 11}, ranks);
+    h100.device_bytes = h100.target.gpu.memory_bytes;
+    if (!vlm::memory::cuda::unmodelled_on(e.spec, h100.target).empty()) return;
+    const vlm::estimate::StepPeak worst = vlm::estimate::worst_step_on(config, e, h100, {});
+    const vlm::estimate::Verdict v = vlm::estimate::verdict(e.spec, worst, h100, {});
+    if (v.device.replayed && !(count(v.device.allocated) && count(v.device.reserved) &&
+                               count(v.peak_bytes) && v.device.reserved >= v.device.allocated)) {
+      vlm::fuzz::invariant_failed(
+          "estimate_memory", "a replayed CUDA verdict that is not a count of bytes: allocated " +
+                                 std::to_string(v.device.allocated) + ", reserved " +
+                                 std::to_string(v.device.reserved));
     }
   });
   return 0;

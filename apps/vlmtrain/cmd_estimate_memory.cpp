@@ -4,7 +4,6 @@
 // Metadata only: no torch initialisation, no image decoding.
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -160,31 +159,7 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
     }
   }
   const auto result_for = [&](const sampler::MemoryBudget& t) {
-    estimate::TargetResult r;
-    r.target = t;
-    r.calibration = calibrated(t.target);
-    if (report.worst.modelled) {
-      r.verdict = estimate::verdict(report.worst.spec, report.worst.step, t, r.calibration.corrections);
-      if (r.verdict.device.replayed) {  // the replay needs the context alone (docs/memory.md)
-        auto& terms = r.calibration.uncalibrated;
-        terms.erase(std::remove_if(terms.begin(), terms.end(),
-                                   [](const std::string& term) { return term != "cuda_context"; }),
-                    terms.end());
-      }
-      if (report.typical) {
-        std::vector<int64_t> peaks;
-        for (const memory::StepPrediction& p : report.typical->predictions) {
-          const size_t i = peaks.size();
-          const estimate::StepPeak step{p, {true, true}, {report.typical->shapes[i]}};
-          peaks.push_back(estimate::verdict(report.worst.spec, step, t, r.calibration.corrections)
-                              .peak_bytes);
-        }
-        r.typical = estimate::distribution(peaks);
-      }
-    } else {
-      r.verdict.budget_bytes = t.usable_bytes();
-    }
-    return r;
+    return estimate::target_result(report.worst, report.typical, t, calibrated(t.target));
   };
   if (target) {
     report.targets.push_back(result_for(*target));

@@ -254,6 +254,36 @@ json to_json(const Report& r) {
   return j;
 }
 
+TargetResult target_result(const WorstCaseEstimate& worst,
+                           const std::optional<TypicalEstimate>& typical,
+                           const sampler::MemoryBudget& target,
+                           sampler::TargetCalibration calibration) {
+  TargetResult r;
+  r.target = target;
+  r.calibration = std::move(calibration);
+  if (!worst.modelled) {
+    r.verdict.budget_bytes = target.usable_bytes();
+    return r;
+  }
+  const memory::DeviceCorrections& corrections = r.calibration.corrections;
+  r.verdict = verdict(worst.spec, worst.step, target, corrections);
+  if (r.verdict.device.replayed) {  // the replay needs the context alone (docs/memory.md)
+    auto& terms = r.calibration.uncalibrated;
+    terms.erase(std::remove_if(terms.begin(), terms.end(),
+                               [](const std::string& term) { return term != "cuda_context"; }),
+                terms.end());
+  }
+  if (typical) {
+    std::vector<int64_t> peaks;
+    for (size_t i = 0; i < typical->predictions.size(); ++i) {
+      const StepPeak step{typical->predictions[i], {true, true}, {typical->shapes[i]}};
+      peaks.push_back(verdict(worst.spec, step, target, corrections).peak_bytes);
+    }
+    r.typical = distribution(peaks);
+  }
+  return r;
+}
+
 std::string to_text(const Report& r, bool bars) {
   // A CUDA target whose verdict replays the step (memory/cuda_step.h): the tensor figures above
   // it are LibTorch 1.13's operators, and say so.

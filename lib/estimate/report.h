@@ -23,6 +23,14 @@ struct TargetResult {
   std::optional<Distribution> typical;  // the typical micro-batches' peaks on this target
 };
 
+// `target`'s verdict on the worst case and its typical peaks (a later step of each planned
+// micro-batch), with `calibration`; on a target the CUDA step replay covers, the calibration's
+// uncalibrated terms are the CUDA context alone (the replay computes the rest).
+TargetResult target_result(const WorstCaseEstimate& worst,
+                           const std::optional<TypicalEstimate>& typical,
+                           const sampler::MemoryBudget& target,
+                           sampler::TargetCalibration calibration);
+
 struct Report {
   std::string config;  // the config file ("" = built-in defaults)
   Config resolved;

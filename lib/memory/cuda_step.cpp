@@ -6,6 +6,7 @@
 #include "core/dist_env.h"
 #include "memory/cuda_caching_allocator.h"
 #include "memory/cuda_step_walk.h"
+#include "memory/magnitude.h"
 #include "memory/parameter_tensors.h"
 #include "spec/derived.h"
 
@@ -488,6 +489,12 @@ std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
   gpu.sm90 = target.gpu.compute_capability == 90;
   std::vector<MicroBatchShape> step, warm_up;
   for (const BatchShape& b : micro_batches) {
+    // The model's range (memory/magnitude.h), as the tensor replay keeps it: beyond it the
+    // stream's sums could overflow.
+    if (step_bytes_bound(spec, static_cast<double>(b.rows), static_cast<double>(b.row_tokens),
+                         static_cast<double>(b.crops)) > kMaxModelledBytes) {
+      return std::nullopt;
+    }
     const MicroBatchShape m{b.rows * b.row_tokens, b.segments, b.supervised_tokens, b.crops};
     if (m.supervised <= 0) return std::nullopt;
     step.push_back(m);

@@ -100,7 +100,8 @@ std::string unmodelled_on(const MemorySpec& spec, const DeviceTarget& target);
 // then the step, through the caching allocator's model. The layers: allocated and reserved as
 // replayed (no calibration of them: the allocator's rules are the replay's), the device figure
 // with the CUDA context and NCCL's buffers. nullopt when unmodelled_on says why, or a
-// micro-batch chunks the loss or has no supervised token.
+// micro-batch chunks the loss, has no supervised token or is beyond the model's range
+// (memory/magnitude.h).
 std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
                                              const std::vector<BatchShape>& micro_batches,
                                              StepState before, const DeviceTarget& target,

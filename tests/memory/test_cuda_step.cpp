@@ -283,3 +283,25 @@ TEST_CASE(
   }
   CHECK(covered >= 20);
 }
+
+TEST_CASE(
+    "cuda step replay: a micro-batch beyond the model's range is not replayed, not "
+    "overflowed",
+    "[cuda_step]") {
+  const memory::MemorySpec spec = memory::memory_spec(spec::preset("nanovlm-460m"), ModelLevers{},
+                                                      memory::ComputePrecision::kBf16);
+  const memory::DeviceTarget h100 =
+      memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {2, 11}, 1);
+  memory::BatchShape huge;
+  huge.rows = 65536;
+  huge.row_tokens = int64_t{1} << 20;
+  huge.segments = 1;
+  huge.supervised_tokens = 1;
+  huge.crops = int64_t{1} << 40;
+  CHECK_FALSE(memory::cuda::replayed_step(spec, {huge}, {true, true}, h100, {}).has_value());
+  memory::BatchShape fine = huge;
+  fine.rows = 1;
+  fine.row_tokens = 4096;
+  fine.crops = 8;
+  CHECK(memory::cuda::replayed_step(spec, {fine}, {true, true}, h100, {}).has_value());
+}

@@ -40,9 +40,9 @@ void check(const ParsedLine& parsed) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  static const ManifestFormat kFormats[] = {ManifestFormat::kAuto, ManifestFormat::kCauldron,
-                                            ManifestFormat::kLlava};
-  const ManifestFormat format = kFormats[data[0] % 3];
+  static const DatasetFormat kFormats[] = {DatasetFormat::kAuto, DatasetFormat::kCauldron,
+                                           DatasetFormat::kLlava};
+  const DatasetFormat format = kFormats[data[0] % 3];
   vlm::fuzz::guard("manifest", [&] {
     const std::string path = vlm::fuzz::write_scratch("train.jsonl", data + 1, size - 1);
     const Manifest manifest(path, format);

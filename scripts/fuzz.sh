@@ -21,8 +21,8 @@ jobs=${VLM_BUILD_JOBS:-$(nproc)}
 build=${VLM_FUZZ_BUILD_DIR:-build-fuzz}
 rss_mb=${VLM_FUZZ_RSS_MB:-2048}
 timeout_s=${VLM_FUZZ_TIMEOUT:-10}
-all=(config estimate_memory calibration_file memory_records report manifest length_stream tokenizer
-     chat_template image safetensors checkpoint_state)
+all=(config estimate_memory calibration_file memory_records report manifest shard length_stream
+     tokenizer chat_template image safetensors checkpoint_state)
 harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=("${all[@]}")
 

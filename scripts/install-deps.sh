@@ -16,8 +16,8 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-openmp
   # config, logging, JSON, CLI, tests
   libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev libcli11-dev catch2
-  # images and tokenizer
-  libturbojpeg0-dev libpng-dev libstb-dev libpcre2-dev
+  # images and tokenizer; WebDataset tar shards (libarchive) and their WebP images (libwebp)
+  libturbojpeg0-dev libpng-dev libstb-dev libpcre2-dev libarchive-dev libwebp-dev
   # TensorBoard event files: protobuf-lite and its compiler (lib/report)
   libprotobuf-dev protobuf-compiler
   # lint of the job scripts (CI); xz for the recorded GPU traces the tests replay (bench/gpu/)

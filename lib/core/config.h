@@ -149,11 +149,16 @@ struct DatasetConfig {
 
 template <class V>
 void visit_fields(V& v, DatasetConfig& c) {
-  v.field(c.path, "path", "JSONL manifest; image paths inside it are relative to the manifest.");
+  v.field(c.path, "path",
+          "JSONL manifest (image paths relative to it), or WebDataset tar shards: a brace "
+          "pattern (train-{000000..000127}.tar), a folder of .tar files, one .tar, or a list "
+          "file of shards (docs/data.md).");
   v.field(c.weight, "weight", "Sampling weight when several datasets are mixed.",
           RealRange{0, 1e9, true});
-  v.field(c.format, "format", "Manifest style: the_cauldron, llava, or detected per line.",
-          Choices{{"auto", "cauldron", "llava"}});
+  v.field(c.format, "format",
+          "Manifest style (the_cauldron, llava, or detected per line), or webdataset: tar "
+          "shards (auto takes a folder, a .tar or a brace pattern as shards).",
+          Choices{{"auto", "cauldron", "llava", "webdataset"}});
 }
 
 struct DataConfig {
@@ -174,7 +179,8 @@ struct DataConfig {
 
 template <class V>
 void visit_fields(V& v, DataConfig& c) {
-  v.list(c.train, "train", "Training datasets (list of {path, weight, format}).");
+  v.list(c.train, "train",
+         "Training datasets (list of {path, weight, format}): manifests or shards.");
   v.list(c.validation, "validation", "Held-out datasets for evaluation (same form).");
   v.field(c.max_img_size, "max_img_size",
           "Longest image side after resizing, in pixels; a multiple of model.vision.image_size.",

@@ -13,7 +13,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& source) {
 std::vector<DatasetSpec> dataset_specs(const std::vector<DatasetConfig>& datasets) {
   std::vector<DatasetSpec> specs;
   for (const auto& d : datasets)
-    specs.push_back({d.path, d.weight, parse_manifest_format(d.format)});
+    specs.push_back({d.path, d.weight, parse_dataset_format(d.format)});
   return specs;
 }
 

@@ -245,6 +245,34 @@ TEST_CASE("corrupt image data never crashes the decoders") {
   CHECK(errors + decoded == 600);
 }
 
+// libjpeg keeps tables across streams: a corrupt JPEG's bad tables used to stay in the thread's
+// decompressor, and the next valid JPEG decoded on that thread failed ("Bogus Huffman table
+// definition"); a loader worker would then drop the loss of every later image it decoded.
+TEST_CASE("a corrupt JPEG leaves the thread's next JPEG decodable") {
+  const auto jpeg = encode_jpeg(pattern_image(96, 64), 85);
+  const RgbImage expected = decode_jpeg_turbo(jpeg.data(), jpeg.size(), "ok.jpg");
+  uint64_t state = 777;
+  int failed_after = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    auto corrupt = jpeg;
+    for (int flips = 0; flips < 4; ++flips) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      corrupt[(state >> 33) % corrupt.size()] = static_cast<uint8_t>(state >> 13);
+    }
+    try {
+      decode_jpeg_turbo(corrupt.data(), corrupt.size(), "bad.jpg");
+    } catch (const vlm::DataError&) {
+    }
+    try {
+      failed_after +=
+          decode_jpeg_turbo(jpeg.data(), jpeg.size(), "ok.jpg").pixels != expected.pixels;
+    } catch (const vlm::DataError&) {
+      ++failed_after;
+    }
+  }
+  CHECK(failed_after == 0);
+}
+
 TEST_CASE("encoders refuse empty images and bad quality") {
   CHECK_THROWS(encode_png(RgbImage()));
   CHECK_THROWS(encode_jpeg(solid_image(4, 4, kRed), 0));
@@ -264,4 +292,28 @@ TEST_CASE("a PNG chunk claiming gigabytes is an error at once") {
   start = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(decode_stb(bad.data(), bad.size(), "chunk.png"), vlm::DataError);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+}
+
+TEST_CASE("WebP: lossless round trip is exact, lossy decodes at its size, animations refused") {
+  const RgbImage image = pattern_image(37, 21);
+  const auto lossless = encode_webp(image, -1);
+  const ImageHeader header = probe_image_bytes(lossless.data(), lossless.size(), "a.webp");
+  CHECK(header.format == ImageFormat::kWebp);
+  CHECK(header.width == 37);
+  CHECK(header.height == 21);
+  CHECK(header.exif_orientation == 1);
+  CHECK(decode_image_bytes(lossless, "a.webp").pixels == image.pixels);
+  const auto lossy = encode_webp(image, 80);
+  const RgbImage decoded = decode_image_bytes(lossy, "b.webp");
+  CHECK(decoded.width == 37);
+  CHECK(decoded.height == 21);
+  CHECK(std::string(image_format_name(ImageFormat::kWebp)) == "WebP");
+  // A truncated WebP, and one whose VP8X header announces an animation.
+  std::vector<uint8_t> cut(lossy.begin(), lossy.begin() + static_cast<long>(lossy.size() / 2));
+  CHECK_THROWS_AS(decode_image_bytes(cut, "cut.webp"), vlm::DataError);
+  std::vector<uint8_t> animated = {'R',  'I', 'F', 'F', 22,  0,   0,  0, 'W', 'E',
+                                   'B',  'P', 'V', 'P', '8', 'X', 10, 0, 0,   0,
+                                   0x02, 0,   0,   0,   9,   0,   0,  9, 0,   0};
+  CHECK_THROWS_WITH(probe_image_bytes(animated.data(), animated.size(), "anim.webp"),
+                    Catch::Contains("anim.webp") && Catch::Contains("animated WebP"));
 }

@@ -101,9 +101,10 @@ TEST_CASE("probe of a file reads past large APP segments before the frame header
 TEST_CASE("probe names the file and the reason for bad input") {
   const auto png = encode_png(solid_image(8, 8, {0, 0, 0}));
   const auto jpeg = small_jpeg(16, 16);
-  CHECK_THAT(probe_error({}), Catch::Contains("mem.img") && Catch::Contains("not a PNG or JPEG"));
+  CHECK_THAT(probe_error({}),
+             Catch::Contains("mem.img") && Catch::Contains("not a PNG, JPEG or WebP"));
   CHECK_THAT(probe_error({'G', 'I', 'F', '8', '9', 'a', 0, 0, 0}),
-             Catch::Contains("not a PNG or JPEG"));
+             Catch::Contains("not a PNG, JPEG or WebP"));
   CHECK_THAT(probe_error(std::vector<uint8_t>(png.begin(), png.begin() + 20)),
              Catch::Contains("truncated PNG"));
   CHECK_THAT(probe_error(std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + 30)),

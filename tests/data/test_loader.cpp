@@ -106,7 +106,7 @@ TEST_CASE("crops collated into a given buffer equal the default path's, every fl
 
   // Every image unreadable now: blank (zero) crops, no loss, in the given memory as well.
   for (const auto& sample : samples) {
-    for (const std::string& path : sample->image_paths) write_file(path, "not an image");
+    for (const ImageRef& image : sample->images) write_file(image.path, "not an image");
   }
   const HostBatch broken = collate_host_batch(micro, samples, given);
   CHECK(broken.undecodable_images > 0);

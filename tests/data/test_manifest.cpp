@@ -12,6 +12,17 @@ using namespace vlm::data;
 using vlm::test::TempDir;
 using vlm::test::write_file;
 
+namespace {
+std::vector<std::string> paths(const std::vector<ImageRef>& images) {
+  std::vector<std::string> out;
+  for (const ImageRef& image : images) {
+    CHECK_FALSE(image.in_shard());
+    out.push_back(image.path);
+  }
+  return out;
+}
+}  // namespace
+
 TEST_CASE("the_cauldron and LLaVA lines parse, image paths resolve against the manifest") {
   TempDir dir;
   const auto path = write_file(
@@ -20,24 +31,25 @@ TEST_CASE("the_cauldron and LLaVA lines parse, image paths resolve against the m
       "\n\n"
       R"({"image": "c.jpg", "conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "This."}]})"
       "\n");
-  Manifest m(path, ManifestFormat::kAuto);
+  Manifest m(path, DatasetFormat::kAuto);
   REQUIRE(m.size() == 2);
   CHECK(m.line_number(1) == 3);
   const auto first = std::get<RawSample>(m.read(0));
-  CHECK(first.images == std::vector<std::string>{(dir / "sub/img/a.png").string(), "/abs/b.jpg"});
+  CHECK(paths(first.images) ==
+        std::vector<std::string>{(dir / "sub/img/a.png").string(), "/abs/b.jpg"});
   REQUIRE(first.turns.size() == 4);
   CHECK(first.turns[3].role == ChatRole::kAssistant);
   CHECK(first.turns[3].text == "A2");
   CHECK(first.where.str() == path + ":1");
   const auto second = std::get<RawSample>(m.read(1));
-  CHECK(second.images == std::vector<std::string>{(dir / "sub/c.jpg").string()});
+  CHECK(paths(second.images) == std::vector<std::string>{(dir / "sub/c.jpg").string()});
   CHECK(second.turns[0].text == "<image>\nWhat?");
   CHECK(second.where.line == 3);
 }
 
 TEST_CASE("malformed lines come back as problems with a stable reason") {
   const vlm::SourceLocation at{"m.jsonl", 7};
-  auto reason = [&](const char* line, ManifestFormat f = ManifestFormat::kAuto) {
+  auto reason = [&](const char* line, DatasetFormat f = DatasetFormat::kAuto) {
     const auto parsed = parse_manifest_line(line, f, "", at);
     return std::holds_alternative<SampleProblem>(parsed) ? std::get<SampleProblem>(parsed).reason
                                                          : std::string("ok");
@@ -54,18 +66,18 @@ TEST_CASE("malformed lines come back as problems with a stable reason") {
   CHECK(reason(R"({"conversations": [{"from": "robot", "value": "a"}]})") == "unsupported_role");
   // A format named in the config whose main key is missing (this once read freed memory:
   // fuzz/corpus/manifest/llava_without_conversations).
-  CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})", ManifestFormat::kLlava) ==
+  CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})", DatasetFormat::kLlava) ==
         "bad_schema");
-  CHECK(reason(R"({"image": "a.jpg", "d": 0})", ManifestFormat::kLlava) == "bad_schema");
+  CHECK(reason(R"({"image": "a.jpg", "d": 0})", DatasetFormat::kLlava) == "bad_schema");
   CHECK(reason(R"({"conversations": [{"from": "human", "value": "q"}]})",
-               ManifestFormat::kCauldron) == "bad_schema");
+               DatasetFormat::kCauldron) == "bad_schema");
   CHECK(reason(R"({"texts": [{"user": "q", "assistant": "a"}]})") == "ok");
 }
 
 TEST_CASE("oversized and hostile lines are skipped with a reason, quickly") {
   const vlm::SourceLocation at{"m.jsonl", 3};
   auto reason = [&](const std::string& line) {
-    const auto parsed = parse_manifest_line(line, ManifestFormat::kAuto, "", at);
+    const auto parsed = parse_manifest_line(line, DatasetFormat::kAuto, "", at);
     return std::holds_alternative<SampleProblem>(parsed) ? std::get<SampleProblem>(parsed).reason
                                                          : std::string("ok");
   };
@@ -80,22 +92,22 @@ TEST_CASE("oversized and hostile lines are skipped with a reason, quickly") {
   const std::string good = "{\"texts\": [{\"user\": \"q\", \"assistant\": \"a\"}]}\n";
   const auto path = write_file(
       dir / "long.jsonl", good + "{\"texts\": \"" + std::string(10 << 20, 'x') + "\"}\n" + good);
-  Manifest manifest(path, ManifestFormat::kAuto);
+  Manifest manifest(path, DatasetFormat::kAuto);
   REQUIRE(manifest.size() == 3);
   CHECK(std::holds_alternative<RawSample>(manifest.read(0)));
   CHECK(std::get<SampleProblem>(manifest.read(1)).reason == "line_too_long");
 }
 
 TEST_CASE("an endless stream without newlines is no manifest: a data error, not a hang") {
-  CHECK_THROWS_WITH(Manifest("/dev/zero", ManifestFormat::kAuto),
+  CHECK_THROWS_WITH(Manifest("/dev/zero", DatasetFormat::kAuto),
                     Catch::Matchers::Contains("without a newline: not a JSONL manifest"));
 }
 
 TEST_CASE("missing and empty manifests are data errors naming the file") {
   TempDir dir;
-  CHECK_THROWS_AS(Manifest((dir / "none.jsonl").string(), ManifestFormat::kAuto), vlm::DataError);
+  CHECK_THROWS_AS(Manifest((dir / "none.jsonl").string(), DatasetFormat::kAuto), vlm::DataError);
   const auto empty = write_file(dir / "empty.jsonl", "\n  \n");
-  CHECK_THROWS_WITH(Manifest(empty, ManifestFormat::kAuto), empty + ": manifest has no samples");
+  CHECK_THROWS_WITH(Manifest(empty, DatasetFormat::kAuto), empty + ": manifest has no samples");
 }
 
 TEST_CASE("the skip counter tolerates a few bad samples and stops at the ceiling") {

@@ -290,7 +290,7 @@ TEST_CASE("a missing or corrupt image skips its sample with a reason, the run go
           .config;
   DataSetup setup(config, 1);
   SampleBuilder const& builder = setup.builder();
-  DatasetSource source({{(dir / "m.jsonl").string(), 1.0, ManifestFormat::kAuto}}, builder,
+  DatasetSource source({{(dir / "m.jsonl").string(), 1.0, DatasetFormat::kAuto}}, builder,
                        setup.skip_limits(), 0, false, /*one_pass=*/true);
   int kept = 0;
   while (source.next()) ++kept;

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "data/image/image_decode.h"
+#include "data/source/image_ref.h"
 
 namespace vlm::data {
 namespace {
@@ -16,14 +17,16 @@ namespace {
 bool write_sample_crops(const BuiltSample& sample, const CollateOptions& options, float* out) {
   bool all_ok = true;
   const size_t crop_floats = static_cast<size_t>(3 * options.crop_size * options.crop_size);
-  for (size_t i = 0; i < sample.image_paths.size(); ++i) {
+  for (size_t i = 0; i < sample.images.size(); ++i) {
     const ImageGrid& grid = sample.grids[i];
+    const ImageRef& image = sample.images[i];
     try {
-      image_to_crops(decode_image(sample.image_paths[i]), grid, options.normalize, out);
+      image_to_crops(decode_image_bytes(read_image_bytes(image), image.name()), grid,
+                     options.normalize, out);
     } catch (const Error& e) {
       std::fill(out, out + crop_floats * static_cast<size_t>(grid.crops()), 0.0f);
       spdlog::warn("{}: image {} cannot be decoded, its sample carries no loss: {}",
-                   sample.where.str(), sample.image_paths[i], e.what());
+                   sample.where.str(), image.name(), e.what());
       all_ok = false;
     }
     out += crop_floats * static_cast<size_t>(grid.crops());
@@ -100,7 +103,7 @@ HostBatch collate_host_batch(const MicroBatch& micro,
     }
     for (size_t k = 0; k < pack.items.size(); ++k) {
       const BuiltSample& s = *samples[first + k];
-      if (options.decode_images && !s.image_paths.empty()) {
+      if (options.decode_images && !s.images.empty()) {
         float* out = crops + crop_floats * static_cast<size_t>(crop_cursor);
         if (!write_sample_crops(s, options, out)) {
           ++b.undecodable_images;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "data/demo/demo_data_draw.h"
+#include "data/demo/demo_data_output.h"
 #include "data/demo/demo_data_random.h"
 #include "data/image/image_encode.h"
 
@@ -187,56 +188,38 @@ std::map<std::string, DemoQuestionKind> question_kinds() {
   return kinds;
 }
 
-std::string image_name(const std::string& split, int64_t index, size_t k, bool jpeg) {
-  char name[64];
-  std::snprintf(name, sizeof name, "images/%s_%06lld_%zu.%s", split.c_str(),
-                static_cast<long long>(index), k, jpeg ? "jpg" : "png");
-  return name;
-}
-
-// Writes one split's manifest and images; counts into `counts` and `kinds`.
+// Writes one split's samples; counts into `counts` and `kinds`.
 void write_split(const DemoDataOptions& options, const std::string& split, uint64_t stream,
                  int64_t samples, DemoSplitCounts& counts,
                  std::map<std::string, DemoQuestionKind>& kinds) {
-  const fs::path out_dir(options.out_dir);
-  const std::string manifest_path = (out_dir / (split + ".jsonl")).string();
-  std::ofstream manifest(manifest_path, std::ios::binary | std::ios::trunc);
+  const std::unique_ptr<DemoSplitOutput> output = demo_split_output(options, split);
   const uint64_t split_seed = DemoRandom::mix(DemoRandom::mix(options.seed) + stream);
   for (int64_t index = 0; index < samples; ++index) {
     DemoRandom rng(DemoRandom::mix(split_seed + static_cast<uint64_t>(index)));
     const DemoSample sample = draw_sample(rng);
-    ordered_json line;
-    line["images"] = ordered_json::array();
+    std::vector<EncodedImage> images;
     for (size_t k = 0; k < sample.images.size(); ++k) {
-      const std::string name = image_name(split, index, k, sample.as_jpeg[k]);
-      const std::string path = (out_dir / name).string();
-      if (sample.as_jpeg[k]) {
-        write_jpeg_file(path, sample.images[k], kJpegQuality);
-      } else {
-        write_png_file(path, sample.images[k]);
-      }
-      line["images"].push_back(name);
+      images.push_back(sample.as_jpeg[k]
+                           ? EncodedImage{encode_jpeg(sample.images[k], kJpegQuality), "jpg"}
+                           : EncodedImage{encode_png(sample.images[k]), "png"});
       ++(sample.as_jpeg[k] ? counts.jpeg : counts.png);
       counts.images_over_512px +=
           std::max(sample.images[k].width, sample.images[k].height) > 512 ? 1 : 0;
     }
-    line["texts"] = ordered_json::array();
+    ordered_json texts = ordered_json::array();
     for (const Turn& turn : sample.turns) {
-      line["texts"].push_back({{"user", turn.user}, {"assistant", turn.assistant}});
+      texts.push_back({{"user", turn.user}, {"assistant", turn.assistant}});
       DemoQuestionKind& kind = kinds.at(turn.kind);
       ++(split == "train" ? kind.train_questions : kind.val_questions);
     }
-    manifest << line.dump() << '\n';
+    output->add(index, texts, images);
     ++counts.samples;
     counts.images += static_cast<int64_t>(sample.images.size());
     counts.multi_turn += sample.turns.size() > 1 ? 1 : 0;
     counts.without_images += sample.images.empty() ? 1 : 0;
     counts.multi_image += sample.images.size() > 1 ? 1 : 0;
   }
-  if (!manifest.flush()) {
-    throw DataError("cannot write the demo manifest (is the disk full?)",
-                    SourceLocation{manifest_path});
-  }
+  output->finish();
 }
 
 ordered_json counts_json(const DemoSplitCounts& c) {
@@ -281,11 +264,8 @@ DemoDataSummary write_demo_dataset(const DemoDataOptions& options) {
   if (options.train_samples < 0 || options.val_samples < 0) {
     throw std::invalid_argument("demo data: sample counts must be >= 0");
   }
-  std::error_code error;
-  fs::create_directories(fs::path(options.out_dir) / "images", error);
-  if (error) {
-    throw DataError("cannot create the demo data directory: " + error.message(),
-                    SourceLocation{options.out_dir});
+  if (options.samples_per_shard < 1) {
+    throw std::invalid_argument("demo data: a shard holds at least one sample");
   }
   DemoDataSummary summary;
   summary.kinds = question_kinds();

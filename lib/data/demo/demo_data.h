@@ -4,6 +4,10 @@
 // Layout under out_dir: train.jsonl, val.jsonl (the_cauldron style, image paths relative to
 // the manifest), images/{train,val}_NNNNNN_K.{png,jpg}, and demo_summary.json.
 //   {"images": ["images/train_000123_0.png"], "texts": [{"user": "...", "assistant": "..."}]}
+// As WebDataset shards (`format` kWebDataset): train-NNNNNN.tar in out_dir and
+// val/val-NNNNNN.tar, with their indexes; sample `train_000123` is the members
+// train_000123.json ({"images": ["0.png"], "texts": [...]}) and train_000123.0.png, the same
+// samples in the same order with the same image bytes, so both forms train alike.
 // Pictures: 1-4 large flat shapes (circle, square, triangle; side >= 1/3 of the short image
 // side) in saturated colours on light grey, plain or lightly noisy; sizes 48-1024 px in
 // several aspect ratios (about one in ten above 512 px, so they split into crops); PNG or
@@ -24,11 +28,15 @@
 
 namespace vlm::data {
 
+enum class DemoDataFormat { kFiles, kWebDataset };
+
 struct DemoDataOptions {
   std::string out_dir;
   int64_t train_samples = 2000;
   int64_t val_samples = 200;
   uint64_t seed = 0;
+  DemoDataFormat format = DemoDataFormat::kFiles;
+  int64_t samples_per_shard = 500;  // kWebDataset
 };
 
 // One kind of question: how often it was asked and every answer it can have, so chance
@@ -62,8 +70,9 @@ struct DemoDataSummary {
   std::string to_json() const;
 };
 
-// Writes the dataset; creates out_dir (and images/) when missing. DataError when a file
-// cannot be written; std::invalid_argument for negative sample counts or an empty out_dir.
+// Writes the dataset; creates out_dir (and images/ or val/) when missing. DataError when a file
+// cannot be written; std::invalid_argument for negative sample counts, an empty out_dir or
+// fewer than one sample per shard.
 DemoDataSummary write_demo_dataset(const DemoDataOptions& options);
 
 }  // namespace vlm::data

@@ -15,16 +15,27 @@ struct TjHandleDeleter {
 };
 using TjHandle = std::unique_ptr<void, TjHandleDeleter>;
 
-// One decompressor per thread: creating one costs more than decoding a small image.
+// One decompressor per thread: creating one costs more than decoding a small image. After any
+// error or warning it is replaced: libjpeg keeps tables across streams (abbreviated JPEG), so
+// a corrupt stream's tables would break the next valid image decoded on that thread ("Bogus
+// Huffman table definition"; tests/data/test_image_decode.cpp).
+TjHandle& thread_slot() {
+  thread_local TjHandle handle;
+  return handle;
+}
+
 tjhandle thread_decompressor() {
-  thread_local TjHandle handle(tjInitDecompress());
+  TjHandle& handle = thread_slot();
+  if (!handle) handle.reset(tjInitDecompress());
   if (!handle)
     throw std::runtime_error(std::string("tjInitDecompress: ") + tjGetErrorStr2(nullptr));
   return handle.get();
 }
 
 [[noreturn]] void fail(tjhandle tj, const std::string& name) {
-  throw DataError(std::string("cannot decode JPEG: ") + tjGetErrorStr2(tj) +
+  const std::string reason = tjGetErrorStr2(tj);
+  thread_slot().reset();
+  throw DataError("cannot decode JPEG: " + reason +
                       " (the file is corrupt or truncated; re-encode or remove it)",
                   SourceLocation{name});
 }
@@ -78,6 +89,7 @@ RgbImage decode_jpeg_turbo(const uint8_t* data, size_t size, const std::string& 
   if (tjDecompress2(tj, data, static_cast<unsigned long>(size), out, width, width * channels,
                     height, pixel_format, 0) != 0) {
     if (tjGetErrorCode(tj) != TJERR_WARNING || is_fatal_warning(tj)) fail(tj, name);
+    thread_slot().reset();  // a warning: the picture stands, the decompressor is replaced
   }
   return cmyk ? cmyk_to_rgb(cmyk_pixels, width, height) : rgb;
 }

@@ -21,6 +21,9 @@ RgbImage decode_jpeg_turbo(const uint8_t* data, size_t size, const std::string& 
 // libpng (png_read_row with expand / strip transforms).
 RgbImage decode_png_libpng(const uint8_t* data, size_t size, const std::string& name);
 
+// libwebp (WebPDecodeRGBInto), lossy or lossless; alpha dropped.
+RgbImage decode_webp(const uint8_t* data, size_t size, const std::string& name);
+
 // stb_image (stbi_load_from_memory forcing 3 channels), for PNG or baseline/progressive JPEG.
 RgbImage decode_stb(const uint8_t* data, size_t size, const std::string& name);
 

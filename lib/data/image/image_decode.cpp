@@ -10,7 +10,15 @@
 namespace vlm::data {
 
 const char* image_format_name(ImageFormat format) {
-  return format == ImageFormat::kJpeg ? "JPEG" : "PNG";
+  switch (format) {
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kWebp:
+      return "WebP";
+    case ImageFormat::kPng:
+      break;
+  }
+  return "PNG";
 }
 
 std::vector<uint8_t> read_image_file(const std::string& path) {
@@ -32,8 +40,9 @@ std::vector<uint8_t> read_image_file(const std::string& path) {
 RgbImage decode_image_bytes(const uint8_t* data, size_t size, const std::string& name) {
   // The probe validates the header (and the pixel limit) before any codec allocates.
   const ImageHeader header = probe_image_bytes(data, size, name);
-  RgbImage stored = header.format == ImageFormat::kJpeg ? decode_jpeg_turbo(data, size, name)
-                                                        : decode_png_libpng(data, size, name);
+  RgbImage stored = header.format == ImageFormat::kJpeg   ? decode_jpeg_turbo(data, size, name)
+                    : header.format == ImageFormat::kWebp ? decode_webp(data, size, name)
+                                                          : decode_png_libpng(data, size, name);
   if (stored.width != header.stored_width || stored.height != header.stored_height) {
     throw DataError("decoded size differs from the header's; the file is corrupt",
                     SourceLocation{name});

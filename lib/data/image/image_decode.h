@@ -1,9 +1,9 @@
-// Image decode: PNG or JPEG file -> 8-bit RGB as displayed (EXIF orientation applied), so the
+// Image decode: PNG, JPEG or WebP file -> 8-bit RGB as displayed (EXIF orientation applied), so the
 // result always has the size probe_image() reports.
 //
 // Codec choice by measurement (bench/bench_images.cpp, docs/BENCHMARKS.md): JPEG through
 // TurboJPEG (1.7x faster than stb_image), PNG through libpng (a tie with stb_image; see
-// image_decode.cpp for the figures).
+// image_decode.cpp for the figures), WebP through libwebp (the only decoder here).
 // Alpha is dropped (not composited), as PIL's convert("RGB") does.
 #pragma once
 

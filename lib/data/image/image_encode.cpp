@@ -2,6 +2,7 @@
 
 #include <png.h>
 #include <turbojpeg.h>
+#include <webp/encode.h>
 #include <zlib.h>
 
 #include <csetjmp>
@@ -112,6 +113,22 @@ void write_png_file(const std::string& path, const RgbImage& image) {
 
 void write_jpeg_file(const std::string& path, const RgbImage& image, int quality) {
   write_bytes_file(path, encode_jpeg(image, quality));
+}
+
+std::vector<uint8_t> encode_webp(const RgbImage& image, int quality) {
+  uint8_t* out = nullptr;
+  const int stride = static_cast<int>(image.row_bytes());
+  const int w = static_cast<int>(image.width), h = static_cast<int>(image.height);
+  const size_t size = quality < 0 ? WebPEncodeLosslessRGB(image.pixels.data(), w, h, stride, &out)
+                                  : WebPEncodeRGB(image.pixels.data(), w, h, stride,
+                                                  static_cast<float>(quality), &out);
+  if (size == 0) {
+    WebPFree(out);
+    throw std::runtime_error("WebP encoding failed");
+  }
+  std::vector<uint8_t> bytes(out, out + size);
+  WebPFree(out);
+  return bytes;
 }
 
 }  // namespace vlm::data

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <optional>
 
+#include <webp/decode.h>
+
 #include "core/error.h"
 
 namespace vlm::data {
@@ -19,7 +21,7 @@ constexpr size_t kMaxProbeBytes = 16 * 1024 * 1024;
 
 [[noreturn]] void fail(const std::string& name, const std::string& reason) {
   throw DataError("cannot read image header: " + reason +
-                      " (check that the file is a complete PNG or JPEG image)",
+                      " (check that the file is a complete PNG, JPEG or WebP image)",
                   SourceLocation{name});
 }
 
@@ -185,17 +187,45 @@ std::optional<ImageHeader> parse_jpeg(const uint8_t* data, size_t size, bool com
   }
 }
 
+// WebP: a RIFF container ("RIFF" size "WEBP") whose first chunk (VP8, VP8L or VP8X) holds the
+// canvas size; libwebp's WebPGetFeatures reads it from the first few dozen bytes. Animations are
+// refused here rather than at decoding.
+bool is_webp(const uint8_t* data, size_t size) {
+  return size >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
+}
+
+std::optional<ImageHeader> parse_webp(const uint8_t* data, size_t size, bool complete,
+                                      const std::string& name, size_t* needed) {
+  WebPBitstreamFeatures features;
+  const VP8StatusCode status = WebPGetFeatures(data, size, &features);
+  if (status == VP8_STATUS_NOT_ENOUGH_DATA && !complete) {
+    *needed = size + 64;
+    return std::nullopt;
+  }
+  if (status != VP8_STATUS_OK)
+    fail(name,
+         "corrupt WebP header (libwebp status " + std::to_string(static_cast<int>(status)) + ")");
+  if (features.has_animation) fail(name, "animated WebP is not supported");
+  ImageHeader header;
+  header.format = ImageFormat::kWebp;
+  header.width = header.stored_width = features.width;
+  header.height = header.stored_height = features.height;
+  check_pixel_count(header.width, header.height, name);
+  return header;
+}
+
 std::optional<ImageHeader> parse_header(const uint8_t* data, size_t size, bool complete,
                                         const std::string& name, size_t* needed) {
   if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0) return parse_png(data, size, name);
   if (size >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
     return parse_jpeg(data, size, complete, name, needed);
   }
-  if (size < 8 && !complete) {
-    *needed = 8;
+  if (is_webp(data, size)) return parse_webp(data, size, complete, name, needed);
+  if (size < 12 && !complete) {
+    *needed = 12;
     return std::nullopt;
   }
-  fail(name, "not a PNG or JPEG file (unknown signature)");
+  fail(name, "not a PNG, JPEG or WebP file (unknown signature)");
 }
 
 }  // namespace

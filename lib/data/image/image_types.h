@@ -8,9 +8,9 @@
 
 namespace vlm::data {
 
-enum class ImageFormat { kPng, kJpeg };
+enum class ImageFormat { kPng, kJpeg, kWebp };
 
-// "PNG" or "JPEG", for messages and summaries.
+// "PNG", "JPEG" or "WebP", for messages and summaries.
 const char* image_format_name(ImageFormat format);
 
 // What the file header says, without decoding pixels.
@@ -23,7 +23,8 @@ struct ImageHeader {
   // The size of the pixel array as stored in the file.
   int64_t stored_width = 0;
   int64_t stored_height = 0;
-  // EXIF orientation tag 0x0112 (1-8; 1 = as stored). Always 1 for PNG.
+  // EXIF orientation tag 0x0112 (1-8; 1 = as stored). Always 1 for PNG and WebP (whose EXIF
+  // chunk PIL does not apply either).
   int exif_orientation = 1;
 };
 

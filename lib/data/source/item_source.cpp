@@ -7,23 +7,23 @@ namespace vlm::data {
 namespace {
 
 // One pass weighs every dataset by its size, so each is read exactly once.
-SampleStream make_stream(const std::vector<std::unique_ptr<Manifest>>& manifests,
+SampleStream make_stream(const std::vector<std::unique_ptr<SampleReader>>& readers,
                          const std::vector<DatasetSpec>& datasets, uint64_t seed, bool shuffle,
                          bool one_pass) {
   std::vector<uint64_t> sizes;
   std::vector<double> weights;
-  for (size_t d = 0; d < manifests.size(); ++d) {
-    sizes.push_back(manifests[d]->size());
+  for (size_t d = 0; d < readers.size(); ++d) {
+    sizes.push_back(readers[d]->size());
     weights.push_back(one_pass ? static_cast<double>(sizes.back()) : datasets[d].weight);
   }
   return SampleStream(sizes, weights, seed, shuffle);
 }
 
-std::vector<std::unique_ptr<Manifest>> open_all(const std::vector<DatasetSpec>& datasets) {
+std::vector<std::unique_ptr<SampleReader>> open_all(const std::vector<DatasetSpec>& datasets) {
   if (datasets.empty()) throw ConfigError("no datasets configured");
-  std::vector<std::unique_ptr<Manifest>> manifests;
-  for (const auto& d : datasets) manifests.push_back(std::make_unique<Manifest>(d.path, d.format));
-  return manifests;
+  std::vector<std::unique_ptr<SampleReader>> readers;
+  for (const auto& d : datasets) readers.push_back(open_dataset(d));
+  return readers;
 }
 
 }  // namespace
@@ -31,30 +31,31 @@ std::vector<std::unique_ptr<Manifest>> open_all(const std::vector<DatasetSpec>& 
 DatasetSource::DatasetSource(const std::vector<DatasetSpec>& datasets, const SampleBuilder& builder,
                              const SkipCounter& skip_limits, uint64_t seed, bool shuffle,
                              bool one_pass)
-    : manifests_(open_all(datasets)),
+    : datasets_(open_all(datasets)),
       builder_(builder),
       skips_(std::make_unique<SkipCounter>(skip_limits)),
-      stream_(make_stream(manifests_, datasets, seed, shuffle, one_pass)) {
+      stream_(make_stream(datasets_, datasets, seed, shuffle, one_pass)) {
   if (one_pass) limit_ = total_samples();
 }
 
 uint64_t DatasetSource::total_samples() const {
   uint64_t total = 0;
-  for (const auto& m : manifests_) total += m->size();
+  for (const auto& d : datasets_) total += d->size();
   return total;
 }
 
 std::optional<BuiltSample> DatasetSource::build(const SampleRef& ref) {
-  const Manifest& manifest = *manifests_[ref.dataset];
-  const ParsedLine parsed = manifest.read(ref.index);
-  const SourceLocation where{manifest.path(), manifest.line_number(ref.index)};
+  const SampleReader& dataset = *datasets_[ref.dataset];
+  const ParsedLine parsed = dataset.read(ref.index);
   if (const auto* problem = std::get_if<SampleProblem>(&parsed)) {
-    skips_->skip(problem->reason, problem->message, where);
+    skips_->skip(problem->reason, problem->message,
+                 problem->where.known() ? problem->where : dataset.where(ref.index));
     return std::nullopt;
   }
-  BuildResult built = builder_.build(std::get<RawSample>(parsed));
+  const RawSample& raw = std::get<RawSample>(parsed);
+  BuildResult built = builder_.build(raw);
   if (const auto* problem = std::get_if<SampleProblem>(&built)) {
-    skips_->skip(problem->reason, problem->message, where);
+    skips_->skip(problem->reason, problem->message, raw.where);
     return std::nullopt;
   }
   return std::get<BuiltSample>(std::move(built));
@@ -98,8 +99,7 @@ std::shared_ptr<const BuiltSample> DatasetSource::sample(uint64_t sample_id) con
 SourceLocation DatasetSource::where(uint64_t sample_id) const {
   const auto it = refs_.find(sample_id);
   if (it == refs_.end()) return {};
-  const Manifest& manifest = *manifests_.at(it->second.dataset);
-  return {manifest.path(), manifest.line_number(it->second.index)};
+  return datasets_.at(it->second.dataset)->where(it->second.index);
 }
 
 nlohmann::json DatasetSource::state(const std::vector<uint64_t>& in_flight) const {
@@ -108,14 +108,41 @@ nlohmann::json DatasetSource::state(const std::vector<uint64_t>& in_flight) cons
     const SampleRef& r = refs_.at(id);
     refs.push_back({id, r.dataset, r.index, r.epoch});
   }
-  return {{"stream", stream_.state()},
-          {"draws", draws_},
-          {"next_id", next_id_},
-          {"in_flight", refs},
-          {"skips", skips_->to_json()}};
+  nlohmann::json state{{"stream", stream_.state()},
+                       {"draws", draws_},
+                       {"next_id", next_id_},
+                       {"in_flight", refs},
+                       {"skips", skips_->to_json()}};
+  // Only datasets that keep one (shards); a manifest's cursor stays as it was.
+  nlohmann::json fingerprints = nlohmann::json::object();
+  for (size_t d = 0; d < datasets_.size(); ++d) {
+    std::string fingerprint = datasets_[d]->fingerprint();
+    if (!fingerprint.empty()) fingerprints[std::to_string(d)] = std::move(fingerprint);
+  }
+  if (!fingerprints.empty()) state["fingerprints"] = std::move(fingerprints);
+  return state;
 }
 
 void DatasetSource::restore(const nlohmann::json& state) {
+  // Fingerprints first: they name the shard that changed, where the stream would only see a
+  // dataset of another size. A dataset that keeps a fingerprint must find it in the cursor: one
+  // saved without it was saved from other data (a manifest then, shards now).
+  const auto fingerprints = state.find("fingerprints");
+  for (size_t d = 0; d < datasets_.size(); ++d) {
+    if (datasets_[d]->fingerprint().empty()) continue;
+    const std::string key = std::to_string(d);
+    if (fingerprints == state.end() || !fingerprints->is_object() || !fingerprints->contains(key) ||
+        !(*fingerprints)[key].is_string()) {
+      throw DataError(
+          "the saved data cursor was not saved from these shards (no fingerprint for "
+          "dataset " +
+              key +
+              "); resume with the data as it was, or start a new "
+              "output.dir",
+          SourceLocation{datasets_[d]->path()});
+    }
+    datasets_[d]->check_fingerprint((*fingerprints)[key].get<std::string>());
+  }
   stream_.restore(state.at("stream"));
   draws_ = json_integer<uint64_t>(state.at("draws"));
   next_id_ = json_integer<uint64_t>(state.at("next_id"));
@@ -126,18 +153,17 @@ void DatasetSource::restore(const nlohmann::json& state) {
     const uint64_t id = json_integer<uint64_t>(r.at(0));
     const SampleRef ref{json_integer<uint32_t>(r.at(1)), json_integer<uint64_t>(r.at(2)),
                         json_integer<uint64_t>(r.at(3))};
-    if (ref.dataset >= manifests_.size() || ref.index >= manifests_[ref.dataset]->size()) {
+    if (ref.dataset >= datasets_.size() || ref.index >= datasets_[ref.dataset]->size()) {
       throw DataError("the saved data cursor names sample " + std::to_string(ref.index) +
                       " of dataset " + std::to_string(ref.dataset) + ", which does not exist (" +
-                      std::to_string(manifests_.size()) + " datasets)");
+                      std::to_string(datasets_.size()) + " datasets)");
     }
     std::optional<BuiltSample> sample = build(ref);
     if (!sample) {
       throw DataError(
           "a sample that was packed before the checkpoint can no longer be read "
           "(did the dataset change?)",
-          SourceLocation{manifests_.at(ref.dataset)->path(),
-                         manifests_[ref.dataset]->line_number(ref.index)});
+          datasets_.at(ref.dataset)->where(ref.index));
     }
     built_.emplace(id, std::make_shared<const BuiltSample>(std::move(*sample)));
     refs_.emplace(id, ref);

@@ -12,8 +12,8 @@
 #include "core/error.h"
 #include "data/packing/pack_item.h"
 #include "data/source/length_stream.h"
-#include "data/source/manifest.h"
 #include "data/source/sample_builder.h"
+#include "data/source/sample_reader.h"
 #include "data/source/sample_stream.h"
 #include "data/source/skip_counter.h"
 
@@ -45,14 +45,8 @@ class ItemSource {
   virtual uint64_t pass_size() const { return 0; }
 };
 
-struct DatasetSpec {
-  std::string path;
-  double weight = 1.0;
-  ManifestFormat format = ManifestFormat::kAuto;
-};
-
-// Samples from manifests, mixed by weight: endless, or (`one_pass`) exactly one pass over
-// every sample, for evaluation.
+// Samples from datasets (manifests or shards), mixed by weight: endless, or (`one_pass`) exactly
+// one pass over every sample, for evaluation.
 class DatasetSource : public ItemSource {
  public:
   // Each source counts its own skipped samples against the ceiling of `skip_limits`.
@@ -71,7 +65,7 @@ class DatasetSource : public ItemSource {
   bool holds(uint64_t sample_id) const override { return refs_.count(sample_id) > 0; }
   SourceLocation where(uint64_t sample_id) const override;
 
-  uint64_t total_samples() const;  // over all manifests (one pass)
+  uint64_t total_samples() const;  // over all datasets (one pass)
   uint64_t pass_size() const override {
     return limit_ == 0 ? stream_.draws_to_cover_every_sample() : 0;
   }
@@ -79,7 +73,7 @@ class DatasetSource : public ItemSource {
  private:
   std::optional<BuiltSample> build(const SampleRef& ref);
 
-  std::vector<std::unique_ptr<Manifest>> manifests_;
+  std::vector<std::unique_ptr<SampleReader>> datasets_;
   const SampleBuilder& builder_;
   std::unique_ptr<SkipCounter> skips_;
   SampleStream stream_;

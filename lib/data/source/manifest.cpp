@@ -16,12 +16,12 @@ namespace {
 using nlohmann::json;
 
 SampleProblem problem(std::string reason, std::string message) {
-  return SampleProblem{std::move(reason), std::move(message)};
+  return SampleProblem{std::move(reason), std::move(message), {}};
 }
 
-std::string resolve(const std::string& image, const std::string& dir) {
-  if (image.empty() || image.front() == '/' || dir.empty()) return image;
-  return (std::filesystem::path(dir) / image).string();
+ImageRef resolve(const std::string& image, const std::string& dir) {
+  if (image.empty() || image.front() == '/' || dir.empty()) return ImageRef{image, {}, 0, 0};
+  return ImageRef{(std::filesystem::path(dir) / image).string(), {}, 0, 0};
 }
 
 // The value of `key` in the object `j`, or null when it is absent. (A const json's operator[]
@@ -98,14 +98,7 @@ ParsedLine parse_llava(const json& j, const std::string& dir, RawSample sample) 
 
 }  // namespace
 
-ManifestFormat parse_manifest_format(const std::string& name) {
-  if (name == "cauldron") return ManifestFormat::kCauldron;
-  if (name == "llava") return ManifestFormat::kLlava;
-  if (name == "auto") return ManifestFormat::kAuto;
-  throw ConfigError("unknown manifest format '" + name + "' (auto, cauldron, llava)");
-}
-
-ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
+ParsedLine parse_manifest_line(std::string_view line, DatasetFormat format,
                                const std::string& manifest_dir, const SourceLocation& where) {
   if (json_nesting_depth(line) > kMaxJsonDepth) {
     return problem("malformed_json",
@@ -114,11 +107,11 @@ ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
   json j = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return problem("malformed_json", "not a valid JSON object");
   if (!j.is_object()) return problem("malformed_json", "a line must be a JSON object");
-  if (format == ManifestFormat::kAuto) {
+  if (format == DatasetFormat::kAuto || format == DatasetFormat::kWebDataset) {
     if (j.contains("texts")) {
-      format = ManifestFormat::kCauldron;
+      format = DatasetFormat::kCauldron;
     } else if (j.contains("conversations")) {
-      format = ManifestFormat::kLlava;
+      format = DatasetFormat::kLlava;
     } else {
       return problem("bad_schema",
                      "neither \"texts\" (the_cauldron) nor \"conversations\" (LLaVA)");
@@ -126,8 +119,8 @@ ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
   }
   RawSample sample;
   sample.where = where;
-  ParsedLine parsed = format == ManifestFormat::kCauldron ? parse_cauldron(j, manifest_dir, sample)
-                                                          : parse_llava(j, manifest_dir, sample);
+  ParsedLine parsed = format == DatasetFormat::kCauldron ? parse_cauldron(j, manifest_dir, sample)
+                                                         : parse_llava(j, manifest_dir, sample);
   if (auto* s = std::get_if<RawSample>(&parsed)) {
     if (s->images.size() > kMaxImagesPerSample) {
       return problem("too_many_image_paths", std::to_string(s->images.size()) +
@@ -146,7 +139,7 @@ ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
   return parsed;
 }
 
-Manifest::Manifest(const std::string& path, ManifestFormat format) : path_(path), format_(format) {
+Manifest::Manifest(const std::string& path, DatasetFormat format) : path_(path), format_(format) {
   dir_ = std::filesystem::path(path).parent_path().string();
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {

@@ -16,26 +16,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "data/source/sample_reader.h"
 #include "data/tokenizer/conversation.h"
 
 namespace vlm::data {
-
-struct RawSample {
-  std::vector<std::string> images;  // paths resolved against the manifest's folder
-  std::vector<ChatTurn> turns;      // starts with a user turn, contains an assistant turn
-  SourceLocation where;             // manifest:line
-};
-
-// Why a line could not become a sample. `reason` is a stable counter name
-// ("malformed_json", "bad_schema", "no_assistant_turn", ...).
-struct SampleProblem {
-  std::string reason;
-  std::string message;
-};
-
-using ParsedLine = std::variant<RawSample, SampleProblem>;
-
-enum class ManifestFormat { kAuto, kCauldron, kLlava };
 
 // Limits of a manifest line (docs: the skip reasons in docs/inspect-batches.md):
 //  * a sample line longer than kMaxSampleLineBytes is skipped ("line_too_long");
@@ -46,32 +30,32 @@ enum class ManifestFormat { kAuto, kCauldron, kLlava };
 inline constexpr uint64_t kMaxSampleLineBytes = 4u << 20;
 inline constexpr uint64_t kMaxIndexedLineBytes = 64u << 20;
 inline constexpr size_t kMaxImagesPerSample = 1024;
-ManifestFormat parse_manifest_format(const std::string& name);  // "auto", "cauldron", "llava"
-
 // Parses one JSONL line. Never throws for bad content: problems come back as SampleProblem.
-ParsedLine parse_manifest_line(std::string_view line, ManifestFormat format,
+ParsedLine parse_manifest_line(std::string_view line, DatasetFormat format,
                                const std::string& manifest_dir, const SourceLocation& where);
 
-class Manifest {
+class Manifest : public SampleReader {
  public:
   // Indexes the non-blank lines. Throws DataError when the file is missing, unreadable or
   // has no samples.
-  Manifest(const std::string& path, ManifestFormat format);
+  Manifest(const std::string& path, DatasetFormat format);
   ~Manifest();
   Manifest(const Manifest&) = delete;
   Manifest& operator=(const Manifest&) = delete;
 
-  const std::string& path() const { return path_; }
-  size_t size() const { return offsets_.size(); }
+  const std::string& path() const override { return path_; }
+  size_t size() const override { return offsets_.size(); }
   // Sample `index` (0-based among non-blank lines); thread-safe.
-  ParsedLine read(size_t index) const;
+  ParsedLine read(size_t index) const override;
+  // manifest:line of sample `index`.
+  SourceLocation where(size_t index) const override { return {path_, line_numbers_.at(index)}; }
   // 1-based line number of sample `index` in the file.
   int64_t line_number(size_t index) const { return line_numbers_[index]; }
 
  private:
   std::string path_;
   std::string dir_;
-  ManifestFormat format_;
+  DatasetFormat format_;
   int fd_ = -1;
   std::vector<uint64_t> offsets_;  // start of each non-blank line
   std::vector<uint32_t> lengths_;

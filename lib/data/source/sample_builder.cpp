@@ -19,22 +19,30 @@ SampleBuilder::SampleBuilder(const ChatTemplate& chat, ImageGridOptions grid_opt
 BuildResult SampleBuilder::build(const RawSample& raw) const {
   BuiltSample sample;
   sample.where = raw.where;
-  sample.image_paths = raw.images;
-  for (const auto& path : raw.images) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) {
-      return SampleProblem{"missing_image", "image not found: " + path};
-    }
+  sample.images = raw.images;
+  for (const ImageRef& image : raw.images) {
     try {
-      sample.grids.push_back(plan_image_grid(probe_image(path), grid_options_));
+      if (image.in_shard()) {
+        // The member lies inside the sample's bytes (the shard's reader checked it).
+        const auto* data =
+            reinterpret_cast<const uint8_t*>(raw.bytes.data()) + (image.offset - raw.bytes_offset);
+        sample.grids.push_back(plan_image_grid(
+            probe_image_bytes(data, static_cast<size_t>(image.size), image.name()), grid_options_));
+        continue;
+      }
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(image.path, ec)) {
+        return SampleProblem{"missing_image", "image not found: " + image.path, {}};
+      }
+      sample.grids.push_back(plan_image_grid(probe_image(image.path), grid_options_));
     } catch (const Error& e) {
-      return SampleProblem{"bad_image", e.what()};
+      return SampleProblem{"bad_image", e.what(), {}};
     }
   }
   try {
     sample.tokens = chat_.apply(raw.turns, sample.grids);
   } catch (const Error& e) {
-    return SampleProblem{"template_error", e.message()};
+    return SampleProblem{"template_error", e.message(), {}};
   }
   return sample;
 }

@@ -1,0 +1,214 @@
+#include "data/source/tar_index.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/source/open_files.h"
+#include "data/source/tar_reader.h"
+
+namespace vlm::data {
+namespace fs = std::filesystem;
+namespace {
+
+// The shard's modification time, in nanoseconds; an index older than it is rebuilt.
+int64_t mtime_ns(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+std::optional<std::string> read_small_file(const std::string& path, uint64_t limit) {
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) return std::nullopt;
+  if (size > limit) return std::string(static_cast<size_t>(limit) + 1, '\0');  // refused later
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (!in && !in.eof()) return std::nullopt;
+  return out.str();
+}
+
+// Written whole or not at all (a rank that reads it meanwhile sees the old one or none): a
+// uniquely named temporary file renamed over the target.
+bool write_atomically(const std::string& path, const std::string& bytes) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) return false;
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) {
+      fs::remove(temporary, ec);
+      return false;
+    }
+  }
+  std::error_code renamed;
+  fs::rename(temporary, path, renamed);
+  if (renamed) fs::remove(temporary, ec);
+  return !renamed;
+}
+
+std::string cache_root() {
+  if (const char* dir = std::getenv("VLMTRAIN_CACHE_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return (fs::path(xdg) / "vlmtrain").string();
+  }
+  const char* home = std::getenv("HOME");
+  return (fs::path(home != nullptr && *home != '\0' ? home : "/tmp") / ".cache" / "vlmtrain")
+      .string();
+}
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+TarIndex scan_tar(const ReadOnlyFile& shard, TarScanNotes* notes) {
+  TarIndex index;
+  if (shard.size() == 0) {  // an empty file: an archive of no member (libarchive refuses it)
+    index.starts.push_back(0);
+    return index;
+  }
+  TarReader reader(shard);
+  std::set<std::string> finished_keys;
+  std::optional<std::string> current;
+  TarScanNotes local;
+  TarScanNotes& n = notes != nullptr ? *notes : local;
+  while (const std::optional<TarMember> member = reader.next()) {
+    const std::optional<std::string> key =
+        member->regular ? webdataset_key(member->name) : std::nullopt;
+    if (!key) {
+      if (n.ignored_members++ == 0) {
+        n.first_ignored =
+            "'" + member->name + "' (" +
+            (member->regular ? std::string("no key: no dot in its name") : member->kind) + ")";
+      }
+      continue;
+    }
+    if (key == current) continue;
+    if (current) finished_keys.insert(*current);
+    if (finished_keys.count(*key) != 0) {
+      throw DataError("member '" + member->name + "' has the key '" + *key +
+                          "' of an earlier sample: a sample's files must be adjacent in the "
+                          "shard, and keys unique",
+                      SourceLocation{shard.path()});
+    }
+    current = key;
+    index.starts.push_back(member->header);
+  }
+  index.starts.push_back(reader.end());
+  return index;
+}
+
+std::string serialize_tar_index(const TarIndex& index) {
+  std::string bytes;
+  bytes.reserve(index.starts.size() * 8);
+  for (const uint64_t offset : index.starts) {
+    for (int b = 0; b < 8; ++b) bytes.push_back(static_cast<char>((offset >> (8 * b)) & 0xff));
+  }
+  return bytes;
+}
+
+TarIndex parse_tar_index(const std::string& bytes, uint64_t shard_size,
+                         const std::string& index_path, const std::string& shard_path) {
+  const auto refuse = [&](const std::string& why) -> DataError {
+    return DataError("the index " + index_path + " does not fit its shard: " + why +
+                         "; delete the index to have it rebuilt",
+                     SourceLocation{shard_path});
+  };
+  if (bytes.size() < 8 || bytes.size() % 8 != 0) {
+    throw refuse(std::to_string(bytes.size()) +
+                 " bytes are not N + 1 little-endian 64-bit offsets");
+  }
+  TarIndex index;
+  index.starts.resize(bytes.size() / 8);
+  for (size_t i = 0; i < index.starts.size(); ++i) {
+    uint64_t value = 0;
+    for (int b = 0; b < 8; ++b) {
+      value |= uint64_t{static_cast<unsigned char>(bytes[i * 8 + static_cast<size_t>(b)])}
+               << (8 * b);
+    }
+    index.starts[i] = value;
+    if (value % 512 != 0) {
+      throw refuse("offset " + std::to_string(i) + " (" + std::to_string(value) +
+                   ") is not on a 512-byte tar record");
+    }
+    if (i > 0 && value <= index.starts[i - 1]) {
+      throw refuse("offset " + std::to_string(i) + " does not come after offset " +
+                   std::to_string(i - 1));
+    }
+  }
+  if (index.starts.back() > shard_size) {
+    throw refuse("its samples end at byte " + std::to_string(index.starts.back()) +
+                 ", past the shard's " + std::to_string(shard_size) + " bytes");
+  }
+  return index;
+}
+
+std::string tar_index_path_beside(const std::string& shard_path) { return shard_path + ".idx"; }
+
+std::string tar_index_path_in_cache(const std::string& shard_path) {
+  std::error_code ec;
+  fs::path absolute = fs::absolute(shard_path, ec);
+  if (ec) absolute = shard_path;
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(fnv1a(absolute.lexically_normal().string())));
+  return (fs::path(cache_root()) / "tar-index" /
+          (std::string(hash) + "-" + fs::path(shard_path).filename().string() + ".idx"))
+      .string();
+}
+
+TarIndex load_tar_index(const ReadOnlyFile& shard) {
+  const int64_t shard_time = mtime_ns(shard.path());
+  const uint64_t limit = 8 * (shard.size() / 512 + 2);  // one offset per record at most
+  const std::string beside = tar_index_path_beside(shard.path());
+  const std::string cached = tar_index_path_in_cache(shard.path());
+  for (const std::string& path : {beside, cached}) {
+    const int64_t index_time = mtime_ns(path);
+    if (index_time < 0 || index_time < shard_time) continue;  // missing, or older than the shard
+    if (const std::optional<std::string> bytes = read_small_file(path, limit)) {
+      return parse_tar_index(*bytes, shard.size(), path, shard.path());
+    }
+  }
+  TarScanNotes notes;
+  const TarIndex index = scan_tar(shard, &notes);
+  if (notes.ignored_members > 0) {
+    spdlog::warn("{}: {} members belong to no sample and are ignored (the first: {})", shard.path(),
+                 notes.ignored_members, notes.first_ignored);
+  }
+  const std::string bytes = serialize_tar_index(index);
+  if (write_atomically(beside, bytes)) {
+    spdlog::info("{}: indexed {} samples into {}", shard.path(), index.samples(), beside);
+  } else if (write_atomically(cached, bytes)) {
+    spdlog::info("{}: indexed {} samples into {} (its folder is not writable)", shard.path(),
+                 index.samples(), cached);
+  } else {
+    spdlog::warn(
+        "{}: indexed {} samples, but neither {} nor {} can be written: it will be "
+        "indexed again next time",
+        shard.path(), index.samples(), beside, cached);
+  }
+  return index;
+}
+
+}  // namespace vlm::data

@@ -313,6 +313,19 @@ TEST_CASE("broken shards stop with a data error naming the shard and the member"
     CHECK(message.find("cut.tar") != std::string::npos);
     CHECK(message.find("a.0.png") != std::string::npos);
   }
+  SECTION("cut where a member starts, or two shards concatenated") {
+    const uint64_t second = scan_tar(ReadOnlyFile(whole)).starts.at(1);
+    const std::string cut = write_file(dir / "cut.tar", bytes.substr(0, second));
+    CHECK(error_of([&] { ShardDataset d(cut); })
+              .find("cut.tar: the archive ends at byte " + std::to_string(second) +
+                    " without its two zero end records") != std::string::npos);
+    const std::string cat = write_file(dir / "cat.tar", bytes + bytes);
+    CHECK(error_of([&] { ShardDataset d(cat); }).find("cat.tar: data at byte") !=
+          std::string::npos);
+    // Zeros alone are an archive of no member.
+    const std::string zeros = write_file(dir / "zeros.tar", std::string(10240, '\0'));
+    CHECK(scan_tar(ReadOnlyFile(zeros)).samples() == 0);
+  }
   SECTION("a key that comes back after another sample") {
     const std::string twice =
         write_tar(dir / "twice.tar",
@@ -339,7 +352,8 @@ TEST_CASE("broken shards stop with a data error naming the shard and the member"
     CHECK(message.find("a.json") != std::string::npos);
   }
   SECTION("not a tar at all") {
-    for (const std::string& junk : {png, std::string(4096, 'x'), std::string("{}\n")}) {
+    for (const std::string& junk :
+         {png, std::string(4096, 'x'), std::string("{}\n"), std::string(100, '\0')}) {
       const std::string path = write_file(dir / "junk.tar", junk);
       fs::remove(tar_index_path_beside(path));
       const std::string message = error_of([&] { ShardDataset d(path); });
@@ -359,7 +373,9 @@ TEST_CASE("broken shards stop with a data error naming the shard and the member"
     const std::string later = write_file(dir / "later.tar", bytes);
     const ShardDataset dataset(later);
     write_file(later, bytes.substr(0, 2048));
-    CHECK(error_of([&] { dataset.read(1); }).find("later.tar") != std::string::npos);
+    INFO(error_of([&] { dataset.read(1); }));
+    CHECK(error_of([&] { dataset.read(1); }).find("later.tar: the shard is 2048 bytes now") !=
+          std::string::npos);
   }
 }
 

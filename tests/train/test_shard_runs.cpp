@@ -53,6 +53,32 @@ CATCH_TEST_CASE("the demo as shards trains as the demo as files: same ledger, sa
   CATCH_CHECK(ledger_a == ledger_b);
 }
 
+CATCH_TEST_CASE("inspect-batches and estimate-memory --data read shards as they read files") {
+  TempDir data;
+  const fs::path shard_dir = demo_shards(data);
+  const std::string common =
+      "--config '" + (vlm::test::source_dir() / "configs/demo.yaml").string() +
+      "' --set model.preset=tiny --set data.max_img_size=128 --set packing.max_seq_len=256 "
+      "--set data.max_sample_length=256 --set packing.max_images_per_knapsack=8 "
+      "--set train.batch_size=2 --set train.seed=3 ";
+  const std::string files =
+      " --set 'data.train=[{path: " + (vlm::test::demo_dir() / "train.jsonl").string() + "}]'";
+  for (const std::string command :
+       {"inspect-batches --steps 3 --json", "estimate-memory --data --gpu H100-80GB --json"}) {
+    CATCH_INFO(command);
+    const auto a = run_vlmtrain(common + command + files);
+    const auto b = run_vlmtrain(common + command + on_shards(shard_dir));
+    require_ok(a);
+    require_ok(b);
+    nlohmann::json ja = nlohmann::json::parse(a.output.substr(a.output.find('{')));
+    nlohmann::json jb = nlohmann::json::parse(b.output.substr(b.output.find('{')));
+    for (nlohmann::json* j : {&ja, &jb}) {  // the paths and the timings differ, nothing else
+      for (const char* key : {"config", "source", "throughput"}) j->erase(key);
+    }
+    CATCH_CHECK(ja == jb);
+  }
+}
+
 CATCH_TEST_CASE("a run on shards resumes; a shard rewritten since its checkpoint is refused") {
   TempDir data, out;
   const fs::path shard_dir = demo_shards(data);

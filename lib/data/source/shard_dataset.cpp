@@ -158,7 +158,7 @@ SourceLocation ShardDataset::where(size_t index) const {
 ParsedLine ShardDataset::read(size_t index) const {
   const auto [s, local] = locate(index);
   const Shard& shard = shards_.at(s);
-  const uint64_t begin = shard.index.starts[local], end = shard.index.starts[local + 1];
+  const uint64_t begin = shard.index.starts.at(local), end = shard.index.starts.at(local + 1);
   if (end - begin > kMaxShardSampleBytes) {
     return SampleProblem{"sample_too_large",
                          "the sample's members take " + std::to_string(end - begin) +
@@ -166,9 +166,15 @@ ParsedLine ShardDataset::read(size_t index) const {
                              " MiB",
                          where(index)};
   }
+  const std::shared_ptr<const ReadOnlyFile> file = open_shared(shard.path);
+  if (file->size() != shard.size) {
+    throw DataError("the shard is " + std::to_string(file->size()) + " bytes now, " +
+                        std::to_string(shard.size) +
+                        " when it was indexed: it was replaced while training",
+                    SourceLocation{shard.path});
+  }
   std::string bytes(static_cast<size_t>(end - begin), '\0');
-  open_shared(shard.path)
-      ->read_at(begin, bytes.size(), bytes.data(), "sample " + std::to_string(local));
+  file->read_at(begin, bytes.size(), bytes.data(), "sample " + std::to_string(local));
   return parse_shard_sample(std::move(bytes), begin, shard.path, local);
 }
 

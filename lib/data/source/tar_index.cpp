@@ -4,6 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -26,11 +29,17 @@ int64_t mtime_ns(const std::string& path) {
   return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
-std::optional<std::string> read_small_file(const std::string& path, uint64_t limit) {
+std::optional<std::string> read_small_file(const std::string& path, uint64_t limit,
+                                           const std::string& shard_path) {
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
   if (ec) return std::nullopt;
-  if (size > limit) return std::string(static_cast<size_t>(limit) + 1, '\0');  // refused later
+  if (size > limit) {
+    throw DataError("the index " + path + " does not fit its shard: " + std::to_string(size) +
+                        " bytes, more offsets than the shard has 512-byte records; delete the "
+                        "index to have it rebuilt",
+                    SourceLocation{shard_path});
+  }
   std::ifstream in(path, std::ios::binary);
   std::ostringstream out;
   out << in.rdbuf();
@@ -39,24 +48,27 @@ std::optional<std::string> read_small_file(const std::string& path, uint64_t lim
 }
 
 // Written whole or not at all (a rank that reads it meanwhile sees the old one or none): a
-// uniquely named temporary file renamed over the target.
+// temporary file of a unique name (mkstemp: ranks on several nodes may share a pid), flushed to
+// disk, renamed over the target.
 bool write_atomically(const std::string& path, const std::string& bytes) {
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) return false;
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) {
-      fs::remove(temporary, ec);
-      return false;
-    }
+  std::string temporary = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) return false;
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
   }
+  const bool written = done == bytes.size() && ::fsync(fd) == 0 && ::fchmod(fd, 0644) == 0;
+  ::close(fd);
   std::error_code renamed;
-  fs::rename(temporary, path, renamed);
-  if (renamed) fs::remove(temporary, ec);
-  return !renamed;
+  if (written) fs::rename(temporary, path, renamed);
+  if (!written || renamed) fs::remove(temporary, ec);
+  return written && !renamed;
 }
 
 std::string cache_root() {
@@ -78,6 +90,37 @@ uint64_t fnv1a(const std::string& text) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+// libarchive ends at the first zero record, or where the bytes end on a record boundary; both
+// would read a truncated or concatenated shard as a shorter one. A whole archive ends with its
+// two zero records, padded with zeros to its writer's block (10 KiB for tar, libarchive and
+// Python's tarfile; up to kMaxArchivePadding here).
+constexpr uint64_t kMaxArchivePadding = 16u << 20;
+
+void check_archive_end(const ReadOnlyFile& shard, uint64_t end) {
+  const uint64_t tail = shard.size() - std::min(end, shard.size());
+  if (tail < 1024) {
+    throw DataError("the archive ends at byte " + std::to_string(end) +
+                        " without its two zero end records: the shard is truncated",
+                    SourceLocation{shard.path()});
+  }
+  if (tail > kMaxArchivePadding) {
+    throw DataError("the archive's members end at byte " + std::to_string(end) + " but " +
+                        std::to_string(tail) +
+                        " bytes follow: a damaged or concatenated shard (tar A B > C reads as "
+                        "A alone; use tar --concatenate)",
+                    SourceLocation{shard.path()});
+  }
+  std::string bytes(static_cast<size_t>(tail), '\0');
+  shard.read_at(end, bytes.size(), bytes.data(), "the end of the archive");
+  const size_t data = bytes.find_first_not_of('\0');
+  if (data != std::string::npos) {
+    throw DataError("data at byte " + std::to_string(end + data) +
+                        " after the archive's end records: a damaged or concatenated shard "
+                        "(tar A B > C reads as A alone; use tar --concatenate)",
+                    SourceLocation{shard.path()});
+  }
 }
 
 }  // namespace
@@ -116,6 +159,7 @@ TarIndex scan_tar(const ReadOnlyFile& shard, TarScanNotes* notes) {
     index.starts.push_back(member->header);
   }
   index.starts.push_back(reader.end());
+  check_archive_end(shard, reader.end());
   return index;
 }
 
@@ -186,7 +230,7 @@ TarIndex load_tar_index(const ReadOnlyFile& shard) {
   for (const std::string& path : {beside, cached}) {
     const int64_t index_time = mtime_ns(path);
     if (index_time < 0 || index_time < shard_time) continue;  // missing, or older than the shard
-    if (const std::optional<std::string> bytes = read_small_file(path, limit)) {
+    if (const std::optional<std::string> bytes = read_small_file(path, limit, shard.path())) {
       return parse_tar_index(*bytes, shard.size(), path, shard.path());
     }
   }

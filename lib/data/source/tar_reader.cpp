@@ -80,17 +80,30 @@ TarReader::TarReader(const ReadOnlyFile& file) : name_(file.path()) {
   archive_read_set_read_callback(archive_, &Source::read);
   archive_read_set_skip_callback(archive_, &Source::skip);
   archive_read_set_callback_data(archive_, source_.get());
-  if (archive_read_open1(archive_) != ARCHIVE_OK) fail("cannot open");
+  if (archive_read_open1(archive_) != ARCHIVE_OK) fail_in_constructor();
 }
 
 TarReader::TarReader(const char* data, size_t size, uint64_t base, std::string name)
     : name_(std::move(name)), base_(base) {
   archive_ = archive_read_new();
   archive_read_support_format_tar(archive_);
-  if (archive_read_open_memory(archive_, data, size) != ARCHIVE_OK) fail("cannot open");
+  if (archive_read_open_memory(archive_, data, size) != ARCHIVE_OK) fail_in_constructor();
 }
 
-TarReader::~TarReader() { archive_read_free(archive_); }
+// The destructor does not run for a constructor that throws: the handle is freed here.
+void TarReader::fail_in_constructor() {
+  try {
+    fail("cannot read the tar archive");
+  } catch (...) {
+    archive_read_free(archive_);
+    archive_ = nullptr;
+    throw;
+  }
+}
+
+TarReader::~TarReader() {
+  if (archive_ != nullptr) archive_read_free(archive_);
+}
 
 void TarReader::fail(const std::string& what) const {
   if (source_ && source_->error) std::rethrow_exception(source_->error);
@@ -109,7 +122,12 @@ std::optional<TarMember> TarReader::read_header() {
     end_ = position;
     return std::nullopt;
   }
-  if (status != ARCHIVE_OK && status != ARCHIVE_WARN) fail("cannot read the tar archive");
+  // A warning leaves the entry usable only when its type and size were read (libarchive warns,
+  // for one, after too many special headers, with the entry half filled).
+  const bool usable =
+      status == ARCHIVE_OK || (status == ARCHIVE_WARN && archive_entry_filetype(entry) != 0 &&
+                               archive_entry_size_is_set(entry));
+  if (!usable) fail("cannot read the tar archive");
   TarMember member;
   const char* name = archive_entry_pathname_utf8(entry);
   if (name == nullptr) name = archive_entry_pathname(entry);
@@ -143,13 +161,17 @@ std::optional<TarMember> TarReader::next() {
   // The member after the pending one (or the end) places the pending one's data.
   std::optional<TarMember> following = read_header();
   TarMember member = std::move(*pending_);
-  const uint64_t next_start = following ? following->header : end_;
-  const uint64_t span = padded(member.size);
-  if (next_start < member.header + kRecord + span) {
-    pending_ = member;
-    fail("cannot place the data of a member");
+  // A plain file's data end where the next member's headers start. (The others' data are not
+  // read, and a sparse file's size is its expanded size, not what is stored.)
+  if (member.regular) {
+    const uint64_t next_start = following ? following->header : end_;
+    const uint64_t span = padded(member.size);
+    if (next_start < member.header + kRecord + span) {
+      pending_ = member;
+      fail("cannot place the data of a member");
+    }
+    member.data = next_start - span;
   }
-  member.data = next_start - span;
   pending_ = std::move(following);
   if (!pending_) done_ = true;
   return member;

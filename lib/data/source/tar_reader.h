@@ -24,7 +24,7 @@ inline constexpr uint64_t kMaxTarMemberBytes = uint64_t{1} << 40;
 struct TarMember {
   std::string name;     // as stored (PAX and GNU long names resolved)
   uint64_t header = 0;  // first byte of its header records
-  uint64_t data = 0;    // first byte of its data
+  uint64_t data = 0;    // first byte of its data (plain files only)
   uint64_t size = 0;    // of its data
   // A plain file: not a folder, link, device, FIFO or sparse file.
   bool regular = false;
@@ -53,6 +53,7 @@ class TarReader {
   struct Source;
   std::optional<TarMember> read_header();  // the following member, data offset still unknown
   [[noreturn]] void fail(const std::string& what) const;
+  [[noreturn]] void fail_in_constructor();
 
   std::string name_;
   uint64_t base_ = 0;

@@ -43,8 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         vlm::fuzz::invariant_failed("shard", "a sample without user-first turns and an answer");
       }
       for (const ImageRef& image : sample->images) {
-        if (image.offset < sample->bytes_offset ||
-            image.offset + image.size > sample->bytes_offset + sample->bytes.size() ||
+        if (image.offset < sample->bytes.offset ||
+            image.offset + image.size > sample->bytes.offset + sample->bytes.size ||
             image.offset + image.size > size) {
           vlm::fuzz::invariant_failed("shard", "an image outside its sample's bytes");
         }

@@ -24,8 +24,8 @@ BuildResult SampleBuilder::build(const RawSample& raw) const {
     try {
       if (image.in_shard()) {
         // The member lies inside the sample's bytes (the shard's reader checked it).
-        const auto* data =
-            reinterpret_cast<const uint8_t*>(raw.bytes.data()) + (image.offset - raw.bytes_offset);
+        const auto* data = reinterpret_cast<const uint8_t*>(raw.bytes.data.get()) +
+                           (image.offset - raw.bytes.offset);
         sample.grids.push_back(plan_image_grid(
             probe_image_bytes(data, static_cast<size_t>(image.size), image.name()), grid_options_));
         continue;

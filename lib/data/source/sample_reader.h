@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -15,14 +16,25 @@
 
 namespace vlm::data {
 
+// Bytes of a file read from `offset` on: shared, and not zero-filled before the read.
+struct FileBytes {
+  std::shared_ptr<char[]> data;
+  size_t size = 0;
+  uint64_t offset = 0;
+
+  static FileBytes allocate(size_t size, uint64_t offset) {
+    return {std::shared_ptr<char[]>(new char[size]), size, offset};
+  }
+  std::string_view view() const { return {data.get(), size}; }
+};
+
 struct RawSample {
   std::vector<ImageRef> images;  // files resolved against the manifest's folder, or members
   std::vector<ChatTurn> turns;   // starts with a user turn, contains an assistant turn
   SourceLocation where;          // manifest:line or shard:key
-  // A shard's sample arrives whole (one read): its bytes, starting at byte `bytes_offset` of
-  // the shard, so that the builder reads image headers from memory. Empty for a manifest.
-  std::string bytes;
-  uint64_t bytes_offset = 0;
+  // A shard's sample arrives whole (one read): its bytes, so that the builder reads the image
+  // headers in memory. Empty for a manifest.
+  FileBytes bytes;
 };
 
 // Why a sample could not be read. `reason` is a stable counter name ("malformed_json",

@@ -173,9 +173,9 @@ ParsedLine ShardDataset::read(size_t index) const {
                         " when it was indexed: it was replaced while training",
                     SourceLocation{shard.path});
   }
-  std::string bytes(static_cast<size_t>(end - begin), '\0');
-  file->read_at(begin, bytes.size(), bytes.data(), "sample " + std::to_string(local));
-  return parse_shard_sample(std::move(bytes), begin, shard.path, local);
+  FileBytes bytes = FileBytes::allocate(static_cast<size_t>(end - begin), begin);
+  file->read_at(begin, bytes.size, bytes.data.get(), "sample " + std::to_string(local));
+  return parse_shard_sample(std::move(bytes), shard.path, local);
 }
 
 void ShardDataset::check_fingerprint(const std::string& saved) const {

@@ -38,11 +38,11 @@ SampleProblem problem(std::string reason, std::string message, const std::string
 
 }  // namespace
 
-ParsedLine parse_shard_sample(std::string bytes, uint64_t offset, const std::string& shard_path,
-                              size_t index) {
+ParsedLine parse_shard_sample(FileBytes bytes, const std::string& shard_path, size_t index) {
+  const uint64_t offset = bytes.offset;
   const auto mismatch = [&](const std::string& why) -> DataError {
     return DataError("sample " + std::to_string(index) + " (bytes " + std::to_string(offset) +
-                         " to " + std::to_string(offset + bytes.size()) +
+                         " to " + std::to_string(offset + bytes.size) +
                          ") does not match the shard's index: " + why + "; delete " +
                          tar_index_path_beside(shard_path) + " (or its copy in the cache, " +
                          tar_index_path_in_cache(shard_path) + ") to have it rebuilt",
@@ -51,7 +51,7 @@ ParsedLine parse_shard_sample(std::string bytes, uint64_t offset, const std::str
   std::vector<TarMember> members;
   std::optional<std::string> key;
   try {
-    TarReader reader(bytes.data(), bytes.size(), offset, shard_path);
+    TarReader reader(bytes.data.get(), bytes.size, offset, shard_path);
     while (std::optional<TarMember> member = reader.next()) {
       const std::optional<std::string> member_key =
           member->regular ? webdataset_key(member->name) : std::nullopt;
@@ -74,8 +74,7 @@ ParsedLine parse_shard_sample(std::string bytes, uint64_t offset, const std::str
   const size_t key_length = key->size() + 1;  // "KEY."
   const auto suffix = [&](const TarMember& m) { return m.name.substr(key_length); };
   const auto data_of = [&](const TarMember& m) {
-    return std::string_view(bytes).substr(static_cast<size_t>(m.data - offset),
-                                          static_cast<size_t>(m.size));
+    return bytes.view().substr(static_cast<size_t>(m.data - offset), static_cast<size_t>(m.size));
   };
 
   const auto json = std::find_if(members.begin(), members.end(),
@@ -137,7 +136,6 @@ ParsedLine parse_shard_sample(std::string bytes, uint64_t offset, const std::str
     sample->images.push_back(ImageRef{shard_path, m->name, m->data, m->size});
   }
   sample->bytes = std::move(bytes);
-  sample->bytes_offset = offset;
   return parsed;
 }
 

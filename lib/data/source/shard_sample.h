@@ -16,10 +16,9 @@
 
 namespace vlm::data {
 
-// `bytes` start at byte `offset` of `shard_path`; `index` is the sample's number in the shard.
+// `bytes` were read from `shard_path`; `index` is the sample's number in the shard.
 // Bad content is a SampleProblem ("no_json", "json_too_long", "missing_image", or the JSON's
 // own); a DataError when the bytes are not one whole sample (the index does not fit the shard).
-ParsedLine parse_shard_sample(std::string bytes, uint64_t offset, const std::string& shard_path,
-                              size_t index);
+ParsedLine parse_shard_sample(FileBytes bytes, const std::string& shard_path, size_t index);
 
 }  // namespace vlm::data

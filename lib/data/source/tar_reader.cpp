@@ -129,8 +129,10 @@ std::optional<TarMember> TarReader::read_header() {
                                archive_entry_size_is_set(entry));
   if (!usable) fail("cannot read the tar archive");
   TarMember member;
-  const char* name = archive_entry_pathname_utf8(entry);
-  if (name == nullptr) name = archive_entry_pathname(entry);
+  // The name as stored (no charset conversion: a conversion per member cost 7% of reading a
+  // sample), or as UTF-8 where only that form exists (PAX names outside the locale's charset).
+  const char* name = archive_entry_pathname(entry);
+  if (name == nullptr) name = archive_entry_pathname_utf8(entry);
   member.name = name != nullptr ? name : "";
   member.header = position;
   const la_int64_t size = archive_entry_size(entry);

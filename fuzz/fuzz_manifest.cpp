@@ -7,6 +7,7 @@
 #include <string>
 
 #include "data/source/manifest.h"
+#include "fuzz_sample_check.h"
 #include "fuzz_support.h"
 
 using namespace vlm::data;
@@ -15,28 +16,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   vlm::fuzz::init();
   return 0;
 }
-
-namespace {
-
-void check(const ParsedLine& parsed) {
-  const auto* sample = std::get_if<RawSample>(&parsed);
-  if (sample == nullptr) {
-    if (std::get<SampleProblem>(parsed).reason.empty()) {
-      vlm::fuzz::invariant_failed("manifest", "a problem without a reason");
-    }
-    return;
-  }
-  if (sample->images.size() > kMaxImagesPerSample) {
-    vlm::fuzz::invariant_failed("manifest", "more images than kMaxImagesPerSample");
-  }
-  bool assistant = false;
-  for (const ChatTurn& turn : sample->turns) assistant |= turn.role == ChatRole::kAssistant;
-  if (sample->turns.empty() || sample->turns.front().role != ChatRole::kUser || !assistant) {
-    vlm::fuzz::invariant_failed("manifest", "a sample without user-first turns and an answer");
-  }
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -48,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const Manifest manifest(path, format);
     for (size_t i = 0; i < manifest.size(); ++i) {
       if (manifest.line_number(i) < 1) vlm::fuzz::invariant_failed("manifest", "line number");
-      check(manifest.read(i));
+      vlm::fuzz::check_sample("manifest", manifest.read(i));
     }
   });
   return 0;

@@ -9,6 +9,7 @@
 
 #include "data/source/shard_dataset.h"
 #include "data/source/tar_index.h"
+#include "fuzz_sample_check.h"
 #include "fuzz_support.h"
 
 using namespace vlm::data;
@@ -27,21 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const ShardDataset dataset(path);
     for (size_t i = 0; i < dataset.size(); ++i) {
       const ParsedLine parsed = dataset.read(i);
-      const auto* sample = std::get_if<RawSample>(&parsed);
-      if (sample == nullptr) {
-        if (std::get<SampleProblem>(parsed).reason.empty()) {
-          vlm::fuzz::invariant_failed("shard", "a problem without a reason");
-        }
-        continue;
-      }
-      if (sample->images.size() > kMaxImagesPerSample) {
-        vlm::fuzz::invariant_failed("shard", "more images than kMaxImagesPerSample");
-      }
-      bool assistant = false;
-      for (const ChatTurn& turn : sample->turns) assistant |= turn.role == ChatRole::kAssistant;
-      if (sample->turns.empty() || sample->turns.front().role != ChatRole::kUser || !assistant) {
-        vlm::fuzz::invariant_failed("shard", "a sample without user-first turns and an answer");
-      }
+      const RawSample* sample = vlm::fuzz::check_sample("shard", parsed);
+      if (sample == nullptr) continue;
       for (const ImageRef& image : sample->images) {
         if (image.offset < sample->bytes.offset ||
             image.offset + image.size > sample->bytes.offset + sample->bytes.size ||

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "core/hash.h"
 #include "data/data_setup.h"
 #include "data/image/image_decode.h"
 #include "data/image/image_probe.h"
@@ -20,18 +21,6 @@ struct TokenizeArgs {
   int64_t render = -1;
   bool json = false;
 };
-
-// FNV-1a, 64 bits: a digest of an image's bytes that a test can recompute anywhere.
-std::string fnv1a64(const std::vector<uint8_t>& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (const uint8_t b : bytes) {
-    h ^= b;
-    h *= 1099511628211ull;
-  }
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-  return text;
-}
 
 // The sample as read from its dataset, as one JSON object: its turns and each image's bytes
 // (size, digest) and decoded size, what a converted dataset is checked against.
@@ -48,7 +37,8 @@ nlohmann::json sample_json(const data::RawSample& raw, const data::BuiltSample& 
     images.push_back(
         {{"name", image.name()},
          {"bytes", bytes.size()},
-         {"fnv1a64", fnv1a64(bytes)},
+         {"fnv1a64", hex64(fnv1a64(std::string_view(reinterpret_cast<const char*>(bytes.data()),
+                                                    bytes.size())))},
          {"format", data::image_format_name(
                         data::probe_image_bytes(bytes.data(), bytes.size(), image.name()).format)},
          {"width", decoded.width},

@@ -1,4 +1,5 @@
 #include "core/config_io.h"
+#include "core/hash.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -321,15 +322,7 @@ nlohmann::json to_json(const Config& config) {
 
 std::string config_hash(const Config& config) {
   // FNV-1a 64 over the canonical JSON text: stable across runs and machines.
-  const std::string text = to_json(config).dump();
-  uint64_t hash = 14695981039346656037ull;
-  for (const unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  return hex;
+  return hex64(fnv1a64(to_json(config).dump()));
 }
 
 std::vector<SchemaEntry> config_schema() {

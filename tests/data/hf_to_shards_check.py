@@ -25,7 +25,7 @@ from PIL import Image
 
 
 def fnv1a64(data):
-    h = 1469598103934665603
+    h = 14695981039346656037
     for b in data:
         h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
     return f"{h:016x}"

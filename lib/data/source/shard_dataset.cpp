@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "data/source/brace_pattern.h"
 #include "data/source/open_files.h"
 #include "data/source/shard_sample.h"
@@ -62,20 +63,6 @@ std::vector<std::string> shards_in_list(const std::string& list) {
   }
   if (shards.empty()) throw DataError("the shard list names no shard", SourceLocation{list});
   return shards;
-}
-
-uint64_t fnv1a(const std::string& text, uint64_t h = 1469598103934665603ull) {
-  for (const char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-std::string hex16(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
 }
 
 }  // namespace
@@ -133,9 +120,9 @@ ShardDataset::ShardDataset(const std::string& path) : path_(path) {
   first_.push_back(0);
   for (const Shard& shard : shards_) {
     first_.push_back(first_.back() + shard.index.samples());
-    fingerprint_ += hex16(
-        fnv1a(serialize_tar_index(shard.index),
-              fnv1a(fs::path(shard.path).filename().string() + ":" + std::to_string(shard.size))));
+    const std::string name_and_size =
+        fs::path(shard.path).filename().string() + ":" + std::to_string(shard.size);
+    fingerprint_ += hex64(fnv1a64(serialize_tar_index(shard.index), fnv1a64(name_and_size)));
   }
   if (first_.back() == 0) {
     throw DataError("the " + std::to_string(shards_.size()) +

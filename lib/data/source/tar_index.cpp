@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "data/source/open_files.h"
 #include "data/source/tar_reader.h"
 
@@ -81,15 +82,6 @@ std::string cache_root() {
   const char* home = std::getenv("HOME");
   return (fs::path(home != nullptr && *home != '\0' ? home : "/tmp") / ".cache" / "vlmtrain")
       .string();
-}
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (const char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 // libarchive ends at the first zero record, or where the bytes end on a record boundary; both
@@ -214,11 +206,9 @@ std::string tar_index_path_in_cache(const std::string& shard_path) {
   std::error_code ec;
   fs::path absolute = fs::absolute(shard_path, ec);
   if (ec) absolute = shard_path;
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx",
-                static_cast<unsigned long long>(fnv1a(absolute.lexically_normal().string())));
+  const std::string hash = hex64(fnv1a64(absolute.lexically_normal().string()));
   return (fs::path(cache_root()) / "tar-index" /
-          (std::string(hash) + "-" + fs::path(shard_path).filename().string() + ".idx"))
+          (hash + "-" + fs::path(shard_path).filename().string() + ".idx"))
       .string();
 }
 

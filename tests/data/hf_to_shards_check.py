@@ -5,7 +5,8 @@ every sample read back by vlmtrain (`tokenize --render N --json`: the shard read
 bytes and their decoding) and compared with its parquet row: the texts, and each image's bytes
 (or, for a GIF re-encoded to PNG, its size). Also: the same inputs and seed give the same bytes,
 each subset keeps its order in the interleave, a sample without image bytes is skipped and
-counted, and the converter's offset indexes equal the ones vlmtrain builds itself.
+counted, the converter's offset indexes equal the ones vlmtrain builds itself, and a LLaVA JSON
+with its image folder converts too.
 
 Usage: hf_to_shards_check.py VLMTRAIN REPO_ROOT   (pyarrow and Pillow on PYTHONPATH)
 Exit 0 when every check passes.
@@ -77,6 +78,48 @@ def write_parquet(path, table_rows):
 
 def run(*args, **kw):
     return subprocess.run([str(a) for a in args], check=True, capture_output=True, text=True, **kw)
+
+
+def check_llava(vlmtrain, converter):
+    """LLaVA JSON + an image folder: images from the folder, a text-only sample, a missing image
+    skipped and counted."""
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "images/coco").mkdir(parents=True)
+        jpeg = encoded("JPEG", (24, 16), (10, 200, 30))
+        (tmp / "images/coco/a.jpg").write_bytes(jpeg)
+        rows = [
+            {"id": "a", "image": "coco/a.jpg", "conversations": [
+                {"from": "human", "value": "<image>\nWhat colour?"},
+                {"from": "gpt", "value": "Green."}]},
+            {"id": "b", "conversations": [{"from": "human", "value": "2 plus 2?"},
+                                          {"from": "gpt", "value": "4"}]},
+            {"id": "c", "image": "coco/missing.jpg", "conversations": [
+                {"from": "human", "value": "<image>\n?"}, {"from": "gpt", "value": "x"}]},
+        ]
+        (tmp / "llava.json").write_text(json.dumps(rows))
+        index = json.loads(run(sys.executable, converter, tmp / "llava.json", "--llava-images",
+                               tmp / "images", "--out", tmp / "out", "--name", "llava").stdout)
+        if index["samples"] != 2 or index["skipped_samples"] != {"image_without_bytes": 1}:
+            failures.append(f"llava: 2 samples, one skipped: {index}")
+        config = tmp / "config.yaml"
+        config.write_text("model: {preset: tiny, tokenizer: 'builtin:bytes'}\n"
+                          f"data:\n  train: [{{path: '{tmp / 'out'}'}}]\n  max_img_size: 128\n")
+        for n, row in enumerate(rows[:2]):
+            got = json.loads(run(vlmtrain, "--config", config, "tokenize", "--render", n,
+                                 "--json").stdout)
+            turns = [{"role": "user" if m["from"] == "human" else "assistant",
+                      "text": m["value"]} for m in row["conversations"]]
+            if got["turns"] != turns:
+                failures.append(f"llava sample {n}: turns {got['turns']}")
+            digests = [i["fnv1a64"] for i in got["images"]]
+            want = [fnv1a64(jpeg)] if "image" in row else []
+            if digests != want:
+                failures.append(f"llava sample {n}: images {got['images']}")
+    for f in failures:
+        print("FAIL:", f)
+    return failures
 
 
 def main():
@@ -169,6 +212,8 @@ def main():
             check(filecmp.cmp(tmp / "out" / (n + ".idx"), tmp / "copy" / (n + ".idx"),
                               shallow=False), f"{n}.idx as vlmtrain builds it")
 
+    llava_failures = check_llava(vlmtrain, converter)
+    failures += llava_failures
     print("hf_to_shards_check:", "FAILED" if failures else "passed",
           f"({len(failures)} failures)" if failures else "")
     return 1 if failures else 0

@@ -71,7 +71,8 @@ class SampleReader {
   // Where sample `index` is, for messages (manifest:line, shard:sample N).
   virtual SourceLocation where(size_t index) const = 0;
   // What identifies the data beyond its size, saved with the data cursor and checked at a
-  // resume (`check_fingerprint`: a DataError naming what changed). Null when nothing is kept.
+  // resume (`check_fingerprint`: a DataError naming what changed). Empty when nothing is kept
+  // (a manifest keeps none: its size and its in-flight samples are checked, as before).
   virtual std::string fingerprint() const { return {}; }
   virtual void check_fingerprint(const std::string& saved) const {}
 };

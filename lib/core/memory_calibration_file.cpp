@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/json_depth.h"
 
@@ -194,12 +195,6 @@ nlohmann::ordered_json provenance_json(const CalibrationProvenance& p) {
   return j;
 }
 
-[[noreturn]] void throw_write(const fs::path& path, const std::string& what, int err) {
-  throw Error(ExitCode::kUsage,
-              "cannot write the memory calibration file: " + what + ": " + std::strerror(err),
-              SourceLocation{path.string()});
-}
-
 }  // namespace
 
 const CalibrationEntry* CalibrationFile::find(const std::string& device,
@@ -284,33 +279,10 @@ std::string calibration_json(const CalibrationFile& file) {
 void write_calibration_file(const fs::path& path, const CalibrationFile& file) {
   check_calibration_file(file, path);  // never a file its reader refuses
   const std::string text = calibration_json(file);
-  fs::path tmp = path;
-  tmp += ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_write(path, "create " + tmp.string(), errno);
-  size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw_write(path, "write " + tmp.string(), err);
-    }
-    written += static_cast<size_t>(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const int sync_err = errno;
-  if (::close(fd) != 0 || !synced) {
-    const int err = synced ? errno : sync_err;
-    ::unlink(tmp.c_str());
-    throw_write(path, "sync " + tmp.string(), err);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw_write(path, "rename " + tmp.string(), err);
+  const std::string failed = write_file_atomically(path.string(), text);
+  if (!failed.empty()) {
+    throw Error(ExitCode::kUsage, "cannot write the memory calibration file: " + failed,
+                SourceLocation{path.string()});
   }
 }
 

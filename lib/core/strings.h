@@ -17,6 +17,7 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 std::string join(const std::vector<std::string>& parts, std::string_view separator);
 std::string trim(std::string_view s);
 bool starts_with(std::string_view s, std::string_view prefix);
+bool ends_with(std::string_view s, std::string_view suffix);
 
 // Shortest decimal text that reads back to exactly `value` ("0.1", "2e-05", "4").
 std::string format_real(double value);

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "core/strings.h"
 #include "data/source/brace_pattern.h"
 #include "data/source/manifest.h"
 #include "data/source/shard_dataset.h"
@@ -21,8 +22,7 @@ std::unique_ptr<SampleReader> open_dataset(const DatasetSpec& spec) {
   if (spec.format == DatasetFormat::kAuto) {
     std::error_code ec;
     const std::string& p = spec.path;
-    shards = has_brace_pattern(p) || std::filesystem::is_directory(p, ec) ||
-             (p.size() > 4 && p.compare(p.size() - 4, 4, ".tar") == 0);
+    shards = has_brace_pattern(p) || std::filesystem::is_directory(p, ec) || ends_with(p, ".tar");
   }
   if (shards) return std::make_unique<ShardDataset>(spec.path);
   return std::make_unique<Manifest>(spec.path, spec.format);

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/hash.h"
+#include "core/strings.h"
 #include "data/source/brace_pattern.h"
 #include "data/source/open_files.h"
 #include "data/source/shard_sample.h"
@@ -19,10 +20,6 @@
 namespace vlm::data {
 namespace fs = std::filesystem;
 namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 std::vector<std::string> shards_in_folder(const std::string& folder) {
   std::vector<std::string> shards;

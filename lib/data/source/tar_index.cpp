@@ -2,11 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <fcntl.h>
-
-#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "data/source/open_files.h"
@@ -48,28 +45,12 @@ std::optional<std::string> read_small_file(const std::string& path, uint64_t lim
   return out.str();
 }
 
-// Written whole or not at all (a rank that reads it meanwhile sees the old one or none): a
-// temporary file of a unique name (mkstemp: ranks on several nodes may share a pid), flushed to
-// disk, renamed over the target.
-bool write_atomically(const std::string& path, const std::string& bytes) {
+// The index written whole or not at all (several ranks may build it at once); false where it
+// cannot be written.
+bool write_index(const std::string& path, const std::string& bytes) {
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
-  std::string temporary = path + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(temporary.data());
-  if (fd < 0) return false;
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  const bool written = done == bytes.size() && ::fsync(fd) == 0 && ::fchmod(fd, 0644) == 0;
-  ::close(fd);
-  std::error_code renamed;
-  if (written) fs::rename(temporary, path, renamed);
-  if (!written || renamed) fs::remove(temporary, ec);
-  return written && !renamed;
+  return write_file_atomically(path, bytes).empty();
 }
 
 std::string cache_root() {
@@ -231,9 +212,9 @@ TarIndex load_tar_index(const ReadOnlyFile& shard) {
                  notes.ignored_members, notes.first_ignored);
   }
   const std::string bytes = serialize_tar_index(index);
-  if (write_atomically(beside, bytes)) {
+  if (write_index(beside, bytes)) {
     spdlog::info("{}: indexed {} samples into {}", shard.path(), index.samples(), beside);
-  } else if (write_atomically(cached, bytes)) {
+  } else if (write_index(cached, bytes)) {
     spdlog::info("{}: indexed {} samples into {} (its folder is not writable)", shard.path(),
                  index.samples(), cached);
   } else {

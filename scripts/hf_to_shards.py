@@ -30,6 +30,10 @@ Pillow cannot read) is skipped and counted with its reason.
 
 Needs pyarrow for parquet (pip install pyarrow); Pillow only to re-encode other formats.
 
+Exit codes, as vlmtrain's: 0 done; 2 a bad command line or an input that is not there or not a
+dataset of these kinds; 3 an input that cannot be read (a damaged parquet file, malformed JSON),
+named with the error. Shards written before such an error stay, with their indexes.
+
 Usage:
   hf_to_shards.py INPUT... --out DIR [--samples-per-shard N] [--seed S] [--name NAME]
                   [--llava-images DIR]
@@ -54,6 +58,14 @@ def image_extension(data):
     if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
     return None
+
+
+class InputError(Exception):
+    """An input that cannot be converted: (message, exit code)."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
 
 
 class SkipSample(Exception):
@@ -103,16 +115,26 @@ def usable_image(data, counts):
 
 class ParquetSubset:
     def __init__(self, path, batch_rows=64):
-        import pyarrow.parquet as pq  # needed only for parquet inputs
+        try:
+            import pyarrow.parquet as pq  # needed only for parquet inputs
+        except ImportError:
+            raise InputError("parquet inputs need pyarrow: pip install pyarrow", 2)
 
         path = Path(path)
+        if not path.exists():
+            raise InputError(f"{path}: no such file or folder", 2)
         self.name = path.stem if path.is_file() else path.name
         self.files = [path] if path.is_file() else sorted(path.glob("*.parquet"))
         if not self.files:
-            sys.exit(f"hf_to_shards: {path}: no .parquet file")
+            raise InputError(f"{path}: no .parquet file", 2)
         self.folder = path.parent if path.is_file() else path
         self.batch_rows = batch_rows
-        self.size = sum(pq.ParquetFile(f).metadata.num_rows for f in self.files)
+        self.size = 0
+        for f in self.files:
+            try:
+                self.size += pq.ParquetFile(f).metadata.num_rows
+            except Exception as e:  # pyarrow's errors have no common base beyond these
+                raise InputError(f"{f}: not a readable parquet file: {e}", 3)
 
     def image_bytes(self, image):
         if image is None:
@@ -126,23 +148,31 @@ class ParquetSubset:
                 return (self.folder / image["path"]).read_bytes()
         return None
 
+    def _rows(self, pq, file):
+        try:
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=self.batch_rows):
+                yield from batch.to_pylist()
+        except (OSError, ValueError) as e:  # ArrowInvalid and ArrowIOError among them
+            raise InputError(f"{file}: cannot read a row batch: {e}", 3)
+
     def samples(self):
         import pyarrow.parquet as pq
 
         for file in self.files:
-            for batch in pq.ParquetFile(file).iter_batches(batch_size=self.batch_rows):
-                for row in batch.to_pylist():
-                    texts = row.pop("texts", None)
-                    images = row.pop("images", None) or []
-                    if not isinstance(texts, list) or not texts:
-                        yield SkipSample("no_texts"), None
-                        continue
-                    record = {"texts": [dict(jsonable(t), user=t.get("user") or "",
-                                             assistant=t.get("assistant") or "")
-                                        for t in texts if isinstance(t, dict)]}
-                    extra = {k: v for k, v in row.items() if k not in ("images", "texts")}
-                    record.update(jsonable(extra))
-                    yield record, [self.image_bytes(i) for i in images]
+            for row in self._rows(pq, file):
+                texts = row.pop("texts", None)
+                images = row.pop("images", None) or []
+                if not isinstance(texts, list) or not texts:
+                    yield SkipSample("no_texts"), None
+                    continue
+                if not isinstance(images, list):
+                    yield SkipSample("bad_image_field"), None
+                    continue
+                record = {"texts": [dict(jsonable(t), user=t.get("user") or "",
+                                         assistant=t.get("assistant") or "")
+                                    for t in texts if isinstance(t, dict)]}
+                record.update(jsonable(row))
+                yield record, [self.image_bytes(i) for i in images]
 
 
 class LlavaSubset:
@@ -150,13 +180,26 @@ class LlavaSubset:
         path = Path(path)
         self.name = path.stem
         self.images_dir = Path(images_dir) if images_dir else path.parent
-        with open(path, encoding="utf-8") as f:
-            if path.suffix == ".jsonl":
-                self.rows = [json.loads(line) for line in f if line.strip()]
-            else:
-                self.rows = json.load(f)
+        if not path.is_file():
+            raise InputError(f"{path}: no such file", 2)
+        try:
+            with open(path, encoding="utf-8") as f:
+                if path.suffix == ".jsonl":
+                    self.rows = []
+                    for number, line in enumerate(f, 1):
+                        if line.strip():
+                            try:
+                                self.rows.append(json.loads(line))
+                            except ValueError as e:
+                                raise InputError(f"{path}:{number}: not JSON: {e}", 3)
+                else:
+                    self.rows = json.load(f)
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"{path}: cannot read: {e}", 3)
+        except ValueError as e:
+            raise InputError(f"{path}: not JSON: {e}", 3)
         if not isinstance(self.rows, list):
-            sys.exit(f"hf_to_shards: {path}: a LLaVA file is a JSON list of samples")
+            raise InputError(f"{path}: a LLaVA file is a JSON list of samples", 3)
         self.size = len(self.rows)
 
     def samples(self):
@@ -165,11 +208,17 @@ class LlavaSubset:
                 yield SkipSample("no_conversations"), None
                 continue
             image = row.get("image")
-            names = [] if image is None else [image] if isinstance(image, str) else list(image)
+            names = [] if image is None else [image] if isinstance(image, str) else image
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                yield SkipSample("bad_image_field"), None
+                continue
             images = []
             for name in names:
                 file = self.images_dir / str(name)
-                images.append(file.read_bytes() if file.is_file() else None)
+                try:
+                    images.append(file.read_bytes() if file.is_file() else None)
+                except OSError:
+                    images.append(None)
             record = {k: v for k, v in row.items() if k != "image"}
             yield record, images
 
@@ -191,8 +240,8 @@ def open_input(path, llava_images):
         return LlavaSubset(p, llava_images)
     if p.suffix == ".parquet" or p.is_dir():
         return ParquetSubset(p)
-    sys.exit(f"hf_to_shards: {path}: neither a .parquet file, a folder of them, "
-             "nor a LLaVA .json/.jsonl file")
+    raise InputError(f"{path}: neither a .parquet file, a folder of them, nor a LLaVA "
+                     ".json/.jsonl file", 2)
 
 
 def interleave(subsets, seed):
@@ -265,7 +314,7 @@ def convert(inputs, out, per_shard, seed, name, llava_images):
     subsets = [open_input(p, llava_images) for p in inputs]
     names = [s.name for s in subsets]
     if len(set(names)) != len(names):
-        sys.exit(f"hf_to_shards: two inputs have one subset name ({names}); rename a folder")
+        raise InputError(f"two inputs have one subset name ({names}); rename a folder", 2)
     writer = ShardWriter(out, name, per_shard)
     counts = Counts()
     for subset, (record, images) in interleave(subsets, seed):
@@ -310,8 +359,15 @@ def main():
     args = parser.parse_args()
     if args.samples_per_shard < 1:
         parser.error("--samples-per-shard must be at least 1")
-    index = convert(args.inputs, args.out, args.samples_per_shard, args.seed, args.name,
-                    args.llava_images)
+    try:
+        index = convert(args.inputs, args.out, args.samples_per_shard, args.seed, args.name,
+                        args.llava_images)
+    except InputError as e:
+        print(f"hf_to_shards: {e}", file=sys.stderr)
+        return e.code
+    except OSError as e:  # the output: a folder that cannot be written, a full disk
+        print(f"hf_to_shards: cannot write the shards: {e}", file=sys.stderr)
+        return 3
     summary = {k: v for k, v in index.items() if k != "shards"}
     summary["shards"] = len(index["shards"])
     print(json.dumps(summary))

@@ -122,6 +122,38 @@ def check_llava(vlmtrain, converter):
     return failures
 
 
+def check_bad_inputs(converter):
+    """Inputs that cannot be converted end with a line naming them and exit 2 (not there, not a
+    dataset) or 3 (damaged), never a traceback (exit 1)."""
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "damaged.parquet").write_bytes(b"PAR1 not really")
+        (tmp / "broken.json").write_text('[{"conversations": ')
+        (tmp / "lines.jsonl").write_text('{"conversations": []}\n{oops\n')
+        (tmp / "notes.txt").write_text("x")
+        cases = [(tmp / "missing.parquet", 2), (tmp / "damaged.parquet", 3),
+                 (tmp / "broken.json", 3), (tmp / "lines.jsonl", 3), (tmp / "notes.txt", 2)]
+        for path, code in cases:
+            r = subprocess.run([sys.executable, str(converter), str(path), "--out",
+                                str(tmp / "out")], capture_output=True, text=True)
+            named = path.name + (":2" if path.suffix == ".jsonl" else "")
+            if r.returncode != code or named not in r.stderr or "Traceback" in r.stderr:
+                failures.append(f"{path.name}: exit {r.returncode} (want {code}): {r.stderr}")
+        # A LLaVA row whose "image" is neither a path nor a list of paths is skipped, counted.
+        (tmp / "odd.json").write_text(json.dumps([
+            {"image": 7, "conversations": [{"from": "human", "value": "q"},
+                                           {"from": "gpt", "value": "a"}]},
+            {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}]))
+        r = subprocess.run([sys.executable, str(converter), str(tmp / "odd.json"), "--out",
+                            str(tmp / "odd")], capture_output=True, text=True)
+        if r.returncode != 0 or json.loads(r.stdout)["skipped_samples"] != {"bad_image_field": 1}:
+            failures.append(f"odd.json: {r.returncode} {r.stdout} {r.stderr}")
+    for f in failures:
+        print("FAIL:", f)
+    return failures
+
+
 def main():
     vlmtrain, root = sys.argv[1], Path(sys.argv[2])
     converter = root / "scripts" / "hf_to_shards.py"
@@ -212,8 +244,8 @@ def main():
             check(filecmp.cmp(tmp / "out" / (n + ".idx"), tmp / "copy" / (n + ".idx"),
                               shallow=False), f"{n}.idx as vlmtrain builds it")
 
-    llava_failures = check_llava(vlmtrain, converter)
-    failures += llava_failures
+    failures += check_llava(vlmtrain, converter)
+    failures += check_bad_inputs(converter)
     print("hf_to_shards_check:", "FAILED" if failures else "passed",
           f"({len(failures)} failures)" if failures else "")
     return 1 if failures else 0

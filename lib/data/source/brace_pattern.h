@@ -10,7 +10,7 @@
 namespace vlm::data {
 
 // More names than this is a mistake (a range typed with one digit too many), not a dataset.
-inline constexpr size_t kMaxBraceExpansion = 10'000'000;
+inline constexpr size_t kMaxBraceExpansion = 1'000'000;
 
 bool has_brace_pattern(const std::string& text);
 

@@ -65,18 +65,6 @@ int64_t llround_bytes(double bytes) { return static_cast<int64_t>(std::llround(b
 
 }  // namespace
 
-std::string TorchVersion::str() const {
-  return std::to_string(major) + "." + std::to_string(minor);
-}
-
-std::optional<TorchVersion> parse_torch_version(std::string_view text) {
-  static const std::regex pattern(R"(^(\d{1,3})\.(\d{1,3})(\.\d+)?([+a-z].*)?$)");
-  const std::string s(text);
-  std::smatch m;
-  if (!std::regex_match(s, m, pattern)) return std::nullopt;
-  return TorchVersion{std::stoi(m[1]), std::stoi(m[2])};
-}
-
 DeviceTarget DeviceTarget::cpu() { return DeviceTarget{}; }
 
 DeviceTarget DeviceTarget::cuda_device(GpuInfo gpu, TorchVersion torch, int64_t ranks) {

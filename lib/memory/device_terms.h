@@ -29,15 +29,6 @@
 
 namespace vlm::memory {
 
-struct TorchVersion {
-  int major = 0;
-  int minor = 0;
-  bool at_least(int ma, int mi) const { return major > ma || (major == ma && minor >= mi); }
-  std::string str() const;  // "2.1"
-};
-// "2.1", "2.1.0" or "1.13.1+cu117" -> {major, minor}; nullopt for anything else.
-std::optional<TorchVersion> parse_torch_version(std::string_view text);
-
 // NCCL's defaults (src/init.cc): the buffer of each protocol per connection.
 inline constexpr int64_t kNcclDefaultBuffSize = 4 << 20;          // DEFAULT_BUFFSIZE, NCCL_BUFFSIZE
 inline constexpr int64_t kNcclLlBuffSize = 8 * 512 * 8 * 16;      // DEFAULT_LL_BUFFSIZE

@@ -1,12 +1,25 @@
 #include "memory/memory_spec.h"
 
 #include <algorithm>
+#include <regex>
 #include <stdexcept>
 
 #include "core/dist_env.h"
 #include "memory/magnitude.h"
 
 namespace vlm::memory {
+
+std::string TorchVersion::str() const {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+std::optional<TorchVersion> parse_torch_version(std::string_view text) {
+  static const std::regex pattern(R"(^(\d{1,3})\.(\d{1,3})(\.\d+)?([+a-z].*)?$)");
+  const std::string s(text);
+  std::smatch m;
+  if (!std::regex_match(s, m, pattern)) return std::nullopt;
+  return TorchVersion{std::stoi(m[1]), std::stoi(m[2])};
+}
 
 ComputePrecision compute_precision(const std::string& name) {
   if (name == "fp32") return ComputePrecision::kFp32;

@@ -4,12 +4,26 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/config.h"
 #include "spec/model_spec.h"
 
 namespace vlm::memory {
+
+struct TorchVersion {
+  int major = 0;
+  int minor = 0;
+  bool at_least(int ma, int mi) const { return major > ma || (major == ma && minor >= mi); }
+  std::string str() const;  // "2.1"
+};
+// "2.1", "2.1.0" or "1.13.1+cu117" -> {major, minor}; nullopt for anything else.
+std::optional<TorchVersion> parse_torch_version(std::string_view text);
+// The LibTorch this project is built and tested against (the PyPI wheel's, scripts/
+// install-libtorch.sh): what a spec assumes until told the version a step runs on.
+inline constexpr TorchVersion kReferenceTorch{2, 11};
 
 enum class ComputePrecision {
   kFp32,  // every tensor fp32
@@ -45,6 +59,9 @@ struct MemorySpec {
   // flattened buckets (memory/step_peaks.h allreduce_peak), and the communicator holds its
   // buffers: a 4-byte flag for the OOM agreement and 64 doubles for metrics (516 bytes).
   int64_t ranks = 1;
+  // The LibTorch the step runs on: its CPU kernels and autograd engine allocate differently
+  // from one version to the next (docs/memory-cpu-2x.md); the replay follows 1.13's or 2.x's.
+  TorchVersion torch = kReferenceTorch;
 };
 
 // Whether LibTorch 1.13 runs bf16 matrix products on this CPU in oneDNN: as its

@@ -97,6 +97,12 @@ inline void objective_backward(Timeline& t) {
   t.alloc(4);
 }
 
+// One call of the decoder's grouped causal attention (LibTorch 2.x, spec/attention_groups.h):
+// n segments padded to L tokens, S real tokens among them.
+struct AttentionGroup {
+  int64_t n, L, S;
+};
+
 // The language side, in the symbols of memory/saved_activations.h.
 struct Lm {
   int64_t B, N, D, Dkv, F, Hq, Hkv, hd, Ll, V, Ns;
@@ -116,6 +122,9 @@ struct Lm {
   // No tensor needs a gradient: a frozen decoder with no trained module before it (a text-only
   // micro-batch). The forward keeps nothing, and there is no backward.
   bool no_graph = false;
+  // LibTorch 2.x's CPU kernels and engine (replay_language_2x.cpp); 1.13's otherwise.
+  bool torch2 = false;
+  std::vector<AttentionGroup> groups{};  // torch2: the grouped attention's calls, in order
 };
 Lm lm_of(const MemorySpec& spec, const BatchShape& shape);
 
@@ -147,6 +156,12 @@ int64_t bf16_matmul_scratch(bool onednn, int64_t threads, int64_t batch, int64_t
 // a CPU with its bf16 kernels, above 16^3 multiply-adds (1.13's use_mkldnn_bf16_matmul).
 bool onednn_bf16_product(bool onednn, int64_t batch, int64_t M, int64_t K, int64_t N);
 
+// _scaled_dot_product_flash_attention_for_cpu's transient buffers (LibTorch 2.x) for a query
+// length L: the forward's (`threads` intra-op threads, head size hd) and the backward's over
+// `calls` x `heads` sequences (its per-thread `dsum` once per thread that gets work).
+int64_t flash_forward_buffer(int64_t threads, int64_t L, int64_t hd, bool bf16);
+int64_t flash_backward_buffer(int64_t threads, int64_t calls, int64_t heads, int64_t L, bool bf16);
+
 // --- language (replay_language.cpp) --------------------------------------------------------
 // segment_ids and the RoPE tables, before the blocks: cos and sin (4 N hd each) live on return.
 void decoder_prologue(Timeline& t, const Lm& x);
@@ -162,6 +177,15 @@ void language_forward(Timeline& t, const Lm& x);
 void language_backward(Timeline& t, const Lm& x, bool first_step);
 // EmbeddingBackward0 (the last node) from the token embeddings' gradient (4ND, freed).
 void embedding_backward(Timeline& t, const Lm& x, bool first_step);
+// The loss (token_loss.cpp) from the final norm's output: its preparation, then unchunked
+// the logits and kept log-probabilities, or chunk by chunk without a graph; on return the
+// supervised mask and `hidden` are the caller's to free.
+void loss_forward(Timeline& t, const Lm& x);
+// Its backward from the objective's gradient to the final norm's output gradient (4ND, live
+// on return); a tied head's gradient waits in the embedding's buffer.
+void loss_backward(Timeline& t, const Lm& x, bool first_step);
+// q = RoPE(q_proj(y1)), then k: only the rotated tensors stay (both versions).
+void rotary_projections(Timeline& t, const Lm& x);
 // Trained parameters in AdamW's order (language decay, language no-decay), in elements.
 std::vector<int64_t> language_parameters(const Lm& x);
 
@@ -177,6 +201,12 @@ void rms_norm_forward_nograd(Timeline& t, const Lm& x);
 void rms_norm_forward_frozen(Timeline& t, const Lm& x);
 void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
                        bool checkpoint_input = false, bool holds_incoming = false);
+
+// The same phases on LibTorch 2.x, fp32 (replay_language_2x.cpp).
+void language_forward_2x(Timeline& t, const Lm& x);
+void language_backward_2x(Timeline& t, const Lm& x, bool first_step);
+void block_forward_nograd_2x(Timeline& t, const Lm& x);
+void rms_norm_forward_2x(Timeline& t, const Lm& x);
 
 // The same phases under bf16 autocast (replay_language_bf16.cpp).
 void language_forward_bf16(Timeline& t, const Lm& x);

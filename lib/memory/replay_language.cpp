@@ -1,6 +1,7 @@
 #include "memory/replay.h"
 
 #include "memory/saved_activations.h"
+#include "spec/attention_groups.h"
 #include "spec/derived.h"
 
 namespace vlm::memory::replay {
@@ -28,6 +29,14 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
        spec.threads,
        spec.onednn_bf16};
   x.bf16_storage = !spec.language.trainable && spec.language.parameter_bytes == 2;
+  x.torch2 = spec.torch.at_least(2, 0);
+  if (x.torch2) {
+    for (const spec::SegmentGroup& g : spec::group_segments(b.segment_lengths)) {
+      int64_t real = 0;
+      for (const int64_t s : g.segments) real += b.segment_lengths[static_cast<size_t>(s)];
+      x.groups.push_back({static_cast<int64_t>(g.segments.size()), g.padded, real});
+    }
+  }
   x.no_graph = !spec.language.trainable &&
                (b.crops == 0 || !(spec.vision.trainable || spec.projector.trainable));
   const int64_t C = spec.levers.loss_chunk_tokens;
@@ -78,8 +87,6 @@ void rms_norm_forward_frozen(Timeline& t, const Lm& x) {
   t.free(hidden);         // n
 }
 
-namespace {
-
 // q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
 // GCC evaluates `x * c + rotate_half(x) * s` right to left): the projection, rotate_half's
 // negated half (dying with its statement) and cat, rot * s, x * c and the sum are alive
@@ -94,6 +101,8 @@ void rotary_projections(Timeline& t, const Lm& x) {
     t.free(width);
   }
 }
+
+namespace {
 
 // v, then the packed attention with a graph (q, k and v require a gradient), up to the
 // concatenated output: the same whether the block's weights are trained or frozen.
@@ -428,9 +437,12 @@ void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
     if (k == 0) t.free(rows);  // the last chunk releases the rows (every chunk kept a view)
     // LibTorch 1.13's InputBuffer sums out of place (old + new, then both die): the head's
     // gradient into the embedding's buffer as the node returns, then the SliceBackward0
-    // result into the rows' buffer.
+    // result into the rows' buffer. 2.x adds in place into a buffer it owns alone: the head's
+    // from the third chunk processed on (the first buffered one is the mm's transposed view,
+    // summed out of place), the rows' from the second.
+    const size_t processed = x.loss_chunks.size() - 1 - k;
     if (!first_processed) {
-      t.transient(head);
+      if (!x.torch2 || processed == 1) t.transient(head);
       t.free(head);
     }
     // An untied head's AccumulateGrad runs once the last chunk's gradient is in its buffer.
@@ -438,7 +450,7 @@ void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
     t.alloc(rows);  // SliceBackward0
     t.free(chunk_rows);
     if (!first_processed) {
-      t.transient(rows);
+      if (!x.torch2) t.transient(rows);
       t.free(rows);
     }
   }
@@ -500,10 +512,11 @@ namespace {
 // the log-probabilities and the rows die with their calls. Only the loss and the count stay.
 void language_forward_no_graph(Timeline& t, const Lm& x) {
   const int64_t hidden = e * x.N * x.D, tables = 2 * e * x.N * x.hd;
+  const auto block_forward = x.torch2 ? block_forward_nograd_2x : block_forward_nograd;
   decoder_prologue(t, x);
-  block_forward_nograd(t, x);
+  block_forward(t, x);
   t.repeat(x.Ll - 1, [&](Timeline& block) {
-    block_forward_nograd(block, x);
+    block_forward(block, x);
     block.free(hidden);
   });
   rms_norm_forward_nograd(t, x);  // the final norm
@@ -526,12 +539,40 @@ void language_forward_no_graph(Timeline& t, const Lm& x) {
 
 }  // namespace
 
+void loss_forward(Timeline& t, const Lm& x) {
+  // Loss (token_loss.cpp:23-36): its preparation (the positions, targets and rows kept),
+  // then logits and log-probabilities together (the logits local lives until
+  // summed_cross_entropy returns), NLL's loss and total weight.
+  loss_preparation(t, x);
+  if (x.loss_chunks.empty()) {
+    t.alloc(e * x.Ns * x.V);               // logits
+    t.alloc(e * x.Ns * x.V);               // log-probabilities, kept
+    t.alloc(4 + 4);                        // loss, total weight
+    t.free(e * x.Ns * x.V);                // logits
+    t.free(4);                             // the zero loss, replaced
+    if (x.frozen) t.free(e * x.Ns * x.D);  // the rows, kept by nobody (a frozen head)
+  } else {
+    // Each chunk is checkpointed (token_loss.cpp:38-47): the CPU generator's state is kept;
+    // the cross-entropy runs without a graph, so its logits, log-probabilities and total
+    // weight die at once and only the chunk's loss (4 B) comes out; `loss.sum + chunk_sum`
+    // then replaces the running sum and the chunk's loss dies.
+    for (const int64_t rows : x.loss_chunks) {
+      t.alloc(kCpuRngStateBytes);
+      t.alloc(2 * e * rows * x.V + 4 + 4);
+      t.free(2 * e * rows * x.V + 4);
+      t.alloc(4);
+      t.free(4 + 4);
+    }
+  }
+}
+
 void language_forward(Timeline& t, const Lm& x) {
   if (x.no_graph) {
     if (x.bf16 || x.bf16_storage) return language_forward_no_graph_bf16(t, x);
     return language_forward_no_graph(t, x);
   }
   if (x.bf16 || x.bf16_storage) return language_forward_bf16(t, x);
+  if (x.torch2) return language_forward_2x(t, x);
   const int64_t hidden = e * x.N * x.D;
   decoder_prologue(t, x);
   t.repeat(x.Ll, [&](Timeline& block) {
@@ -551,30 +592,7 @@ void language_forward(Timeline& t, const Lm& x) {
   } else {
     rms_norm_forward(t, x);
   }
-  // Loss (token_loss.cpp:23-36): its preparation (the positions, targets and rows kept),
-  // then logits and log-probabilities together (the logits local lives until
-  // summed_cross_entropy returns), NLL's loss and total weight.
-  loss_preparation(t, x);
-  if (x.loss_chunks.empty()) {
-    t.alloc(e * x.Ns * x.V);  // logits
-    t.alloc(e * x.Ns * x.V);  // log-probabilities, kept
-    t.alloc(4 + 4);           // loss, total weight
-    t.free(e * x.Ns * x.V);   // logits
-    t.free(4);                // the zero loss, replaced
-    if (x.frozen) t.free(e * x.Ns * x.D);  // the rows, kept by nobody (a frozen head)
-  } else {
-    // Each chunk is checkpointed (token_loss.cpp:38-47): the CPU generator's state is kept;
-    // the cross-entropy runs without a graph, so its logits, log-probabilities and total
-    // weight die at once and only the chunk's loss (4 B) comes out; `loss.sum + chunk_sum`
-    // then replaces the running sum and the chunk's loss dies.
-    for (const int64_t rows : x.loss_chunks) {
-      t.alloc(kCpuRngStateBytes);
-      t.alloc(2 * e * rows * x.V + 4 + 4);
-      t.free(2 * e * rows * x.V + 4);
-      t.alloc(4);
-      t.free(4 + 4);
-    }
-  }
+  loss_forward(t, x);
   t.free(x.N);              // supervised
   t.free(hidden);           // hidden
 }
@@ -601,12 +619,9 @@ std::vector<int64_t> language_parameters(const Lm& x) {
   return numel;
 }
 
-// Backward of the loss, the head and the final norm, then the blocks, last first.
-void language_backward(Timeline& t, const Lm& x, bool first_step) {
-  if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);
+void loss_backward(Timeline& t, const Lm& x, bool first_step) {
   const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
   const int64_t hidden = e * x.N * x.D;
-  objective_backward(t);
   if (x.loss_chunks.empty()) {
     // NllLossBackward0: zeros_like(log-probabilities) scattered; then the targets (int64) and
     // the total weight are released, and its input, the loss's gradient.
@@ -632,6 +647,14 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
   } else {
     chunked_loss_backward(t, x, first_step);
   }
+}
+
+// Backward of the loss, the head and the final norm, then the blocks, last first.
+void language_backward(Timeline& t, const Lm& x, bool first_step) {
+  if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);
+  if (x.torch2) return language_backward_2x(t, x, first_step);
+  objective_backward(t);
+  loss_backward(t, x, first_step);
   // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
   // this norm only. Then the blocks, last first; each ends with its input's gradient live.
   rms_norm_backward(t, x, first_step, /*residual=*/false);
@@ -652,7 +675,12 @@ void embedding_backward(Timeline& t, const Lm& x, bool first_step) {
   const int64_t head = e * x.V * x.D, hidden = e * x.N * x.D;
   t.alloc(head);
   t.free(hidden);
-  if (x.tied) {
+  // LibTorch 2.x adds it in place when the buffered head gradient is a sum of loss chunks
+  // (owned alone) rather than the unchunked head's transposed view.
+  const bool in_place = x.torch2 && !x.loss_chunks.empty();
+  if (x.tied && in_place) {
+    t.free(head);
+  } else if (x.tied) {
     t.alloc(head);
     t.free(2 * head);
   }

@@ -1,5 +1,6 @@
 #include "memory/saved_activations.h"
 
+#include "spec/attention_groups.h"
 #include "spec/derived.h"
 
 namespace vlm::memory {
@@ -12,6 +13,9 @@ struct Dims {
   int64_t n, P, d, m, h, Lv, I;
   // language
   int64_t N, D, F, Hq, Hkv, hd, Ll, V, Q2, Ns;
+  // LibTorch 2.x (memory_spec.h): the flash CPU kernels, and the grouped attention's padded rows.
+  bool torch2;
+  int64_t R;
 };
 
 Dims dims_of(const MemorySpec& spec, const BatchShape& b) {
@@ -33,14 +37,19 @@ Dims dims_of(const MemorySpec& spec, const BatchShape& b) {
               l.num_layers,
               spec::language_vocab_rows(l),
               b.sum_segment_len_sq,
-              b.supervised_tokens};
+              b.supervised_tokens,
+              spec.torch.at_least(2, 0),
+              spec.torch.at_least(2, 0) ? spec::padded_tokens(b.segment_lengths) : 0};
 }
 
 // One pre-LN ViT block, trainable (vision_transformer.cpp): the LN1 output, the contiguous
 // copies of q, k and v that matmul makes of the permuted views, the attention context, the
 // residual, the LN2 output and the block output (8 x d); the MLP input to GELU and its output
 // (2 x m); the softmax probabilities (h x P per patch); the mean and rstd of both LayerNorms.
+// LibTorch 2.x's flash kernel keeps its output and a log-sum-exp per head and patch instead of
+// the probabilities (the q, k, v views keep qkv: the same 3 x d).
 int64_t vision_block(const Dims& x) {
+  if (x.torch2) return x.n * x.P * (e * (8 * x.d + 2 * x.m + x.h) + 16);
   return x.n * x.P * (e * (8 * x.d + 2 * x.m + x.h * x.P) + 16);
 }
 
@@ -50,7 +59,17 @@ int64_t vision_block(const Dims& x) {
 // SwiGLU's gate, activation, up and product (4 x F); the two rsqrt results; per segment the
 // fp32 probabilities (Hq x len^2) and the boolean causal mask (len^2); GQA's two index
 // tensors (Hq int64 each).
+//
+// LibTorch 2.x (replay_language_2x.cpp): no x^2, and the grouped attention keeps its padded
+// gathers of q, k and v, the fused output, the log-sum-exp and the gather index (R padded rows),
+// the keep and inverse indices (8 B a token each) instead of q, k, v, the probabilities and
+// masks; frozen weights keep h, the output, SiLU's input and output and up.
 int64_t language_block(const Dims& x, bool trainable) {
+  if (x.torch2) {
+    const int64_t attention = (e * (4 * x.D + x.Hq) + 8) * x.R + 16 * x.N;
+    if (!trainable) return e * x.N * (2 * x.D + 3 * x.F) + 8 * x.N + attention;
+    return e * x.N * (7 * x.D + 4 * x.F) + 8 * x.N + attention;
+  }
   const int64_t gqa_index = x.Hkv < x.Hq ? 2 * 8 * x.Hq : 0;
   const int64_t attention = (e * x.Hq + 1) * x.Q2;
   // Frozen weights: no linear input is kept for a weight gradient, and RMSNorm's normalised
@@ -257,8 +276,8 @@ SavedActivations saved_activations(const MemorySpec& spec, const BatchShape& sha
     } else {
       s.language = x.Ll * language_block(x, spec.language.trainable);
     }
-    // Final RMSNorm: x^2 and rsqrt, plus the normalised x when its weight is trained.
-    s.language += (spec.language.trainable ? 2 : 1) * hidden + e * x.N;
+    // Final RMSNorm: x^2 (1.13) and rsqrt, plus the normalised x when its weight is trained.
+    s.language += ((spec.language.trainable ? 1 : 0) + (x.torch2 ? 0 : 1)) * hidden + e * x.N;
   }
 
   // Loss: the supervised rows, their indices and targets (int64). Unchunked: the rows only

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,24 +59,6 @@ torch::Tensor packed_causal_mask(const torch::Tensor& cu_seqlens, int64_t batch,
   return (same_segment & causal).unsqueeze(1);
 }
 
-std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths) {
-  std::vector<int64_t> order(lengths.size());
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
-  std::vector<SegmentGroup> groups;
-  for (const int64_t s : order) {
-    const int64_t length = lengths[static_cast<size_t>(s)];
-    // A segment joins the open group while len^2 >= padded^2 / 2: its padded causal work is
-    // at most twice its own, and a row of many short samples is a handful of calls.
-    if (groups.empty() || 2 * length * length < groups.back().padded * groups.back().padded) {
-      groups.push_back(SegmentGroup{{}, length});
-    }
-    groups.back().segments.push_back(s);
-  }
-  return groups;
-}
-
 namespace {
 
 torch::Tensor host_index(const std::vector<int64_t>& values, const torch::Device& device) {
@@ -106,7 +87,7 @@ torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<torch::Tensor> outputs;
   std::vector<int64_t> token_order;  // the token of each output row, in output order
   token_order.reserve(static_cast<size_t>(q.size(0)));
-  for (const SegmentGroup& group : group_segments(lengths)) {
+  for (const spec::SegmentGroup& group : spec::group_segments(lengths)) {
     const int64_t n = static_cast<int64_t>(group.segments.size()), padded = group.padded;
     std::vector<int64_t> gather, keep;
     gather.reserve(static_cast<size_t>(n * padded));

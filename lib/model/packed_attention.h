@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "spec/attention_groups.h"
+
 namespace vlm::model {
 
 // Segment id of every token, [B, T] int64: the index of the cu_seqlens interval it lies in.
@@ -47,14 +49,7 @@ SegmentKernel resolve_segment_kernel(AttentionChoice choice, const torch::Tensor
                                      int64_t kv_heads);
 SegmentKernel default_segment_kernel();
 
-// kGroupedCausal's groups: segment indices (longest first) padded to `padded` tokens, the
-// group's longest. A segment joins the open group while len^2 >= padded^2 / 2, so padding at
-// most doubles a segment's attention work.
-struct SegmentGroup {
-  std::vector<int64_t> segments;
-  int64_t padded = 0;
-};
-std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths);
+// kGroupedCausal's groups of segments: spec/attention_groups.h.
 
 // Causal attention of q [B, H, T, D] over keys, values [B, H, T, D] (equal heads) inside each
 // segment of cu_seqlens (host or device), by `kernel`. Returns [B, H, T, D].

@@ -12,10 +12,20 @@
 #include "memory/batch_shape.h"
 #include "memory/memory_spec.h"
 #include "model/vision_language_model.h"
+#include "runtime/torch_info.h"
 #include "runtime/tracking_allocator.h"
 #include "spec/derived.h"
 
 namespace vlm::test {
+
+// The spec of a run of `dims` on this build's LibTorch, whose version's kernels the replay
+// follows (memory_spec.h MemorySpec::torch).
+inline memory::MemorySpec probe_spec(const spec::ModelSpec& dims, const ModelLevers& levers,
+                                     memory::ComputePrecision precision) {
+  memory::MemorySpec s = memory::memory_spec(dims, levers, precision);
+  s.torch = memory::parse_torch_version(runtime::torch_version()).value();
+  return s;
+}
 
 // A small model of the presets' family with random dimensions (always buildable).
 inline spec::ModelSpec random_dims(std::mt19937_64& rng) {

@@ -39,7 +39,7 @@ CATCH_TEST_CASE("memory model: parameters and buffers of random models, to the b
     const spec::ModelSpec dims = test::random_dims(rng);
     const ModelLevers levers = test::random_levers(rng);
     const auto predicted =
-        memory::static_memory(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32));
+        memory::static_memory(test::probe_spec(dims, levers, memory::ComputePrecision::kFp32));
     const int64_t before = test::live_bytes();
     model::VisionLanguageModel model(dims, levers);
     CATCH_INFO(describe(dims, levers, {}));
@@ -60,7 +60,7 @@ void check_saved_activations(memory::ComputePrecision precision, uint64_t seed) 
     torch::set_num_threads(trial % 2 + 1);
     const spec::ModelSpec dims = test::random_dims(rng);
     ModelLevers levers = test::random_levers(rng);
-    const auto spec = memory::memory_spec(dims, levers, precision);
+    const auto spec = test::probe_spec(dims, levers, precision);
     torch::manual_seed(trial);
     model::VisionLanguageModel model(dims, levers);
     const int64_t rows = std::uniform_int_distribution<int64_t>(1, 3)(rng);

@@ -138,7 +138,7 @@ void sweep(uint64_t seed, int count, int64_t max_crops, Adjust adjust,
     dims.language.tie_embeddings = std::uniform_int_distribution<int>(0, 3)(rng) > 0;
     ModelLevers levers = test::random_levers(rng);
     adjust(levers);
-    auto spec = memory::memory_spec(dims, levers, precision);
+    auto spec = test::probe_spec(dims, levers, precision);
     torch::manual_seed(configs);
     model::VisionLanguageModel model(dims, levers);
     train::GroupedAdamW optimizer(train::named_parameters_of(*model), adamw_options());
@@ -208,7 +208,7 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
   std::mt19937_64 rng(43);
   const spec::ModelSpec dims = test::random_dims(rng);
   const test::ProbeBatch text = test::random_batch(dims, rng, 2, /*max_crops=*/0);
-  const auto fp32 = memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kFp32);
+  const auto fp32 = test::probe_spec(dims, ModelLevers{}, memory::ComputePrecision::kFp32);
   CATCH_REQUIRE(text.shape.supervised_tokens > 0);
   CATCH_CHECK(memory::step_peaks(fp32, text.shape, true).modelled);
 
@@ -221,21 +221,21 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
     CATCH_CHECK(p.backward == 0);
     CATCH_CHECK(p.optimizer == 0);
   };
-  const auto bf16 = memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kBf16);
+  const auto bf16 = test::probe_spec(dims, ModelLevers{}, memory::ComputePrecision::kBf16);
   CATCH_CHECK(memory::step_peaks(bf16, text.shape, true).modelled);
   ModelLevers levers;
   levers.checkpoint_language = true;
-  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
+  CATCH_CHECK(memory::step_peaks(test::probe_spec(dims, levers, memory::ComputePrecision::kFp32),
                                  text.shape, true)
                   .modelled);
   levers = ModelLevers{};
   levers.freeze_language = true;  // text through a frozen decoder: no graph
-  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
+  CATCH_CHECK(memory::step_peaks(test::probe_spec(dims, levers, memory::ComputePrecision::kFp32),
                                  text.shape, true)
                   .modelled);
   levers = ModelLevers{};
   levers.loss_chunk_tokens = 1;
-  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
+  CATCH_CHECK(memory::step_peaks(test::probe_spec(dims, levers, memory::ComputePrecision::kFp32),
                                  text.shape, true)
                   .modelled);
   const test::ProbeBatch images = test::random_batch(dims, rng, 2, /*max_crops=*/3);
@@ -245,30 +245,30 @@ CATCH_TEST_CASE("memory model: step peaks say which configurations they do not m
   levers = ModelLevers{};
   levers.freeze_language = true;  // a checkpointed frozen decoder under autocast
   levers.checkpoint_language = true;
-  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kBf16),
+  CATCH_CHECK(memory::step_peaks(test::probe_spec(dims, levers, memory::ComputePrecision::kBf16),
                                  images.shape, true)
                   .modelled);
   levers = ModelLevers{};
   levers.freeze_projector = true;  // a projector frozen in bf16 storage
   levers.frozen_dtype = "bf16";
   for (const auto precision : {memory::ComputePrecision::kFp32, memory::ComputePrecision::kBf16}) {
-    CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, precision), images.shape, true)
-                    .modelled);
+    CATCH_CHECK(
+        memory::step_peaks(test::probe_spec(dims, levers, precision), images.shape, true).modelled);
   }
   levers = ModelLevers{};
   levers.freeze_vision = true;
   levers.frozen_dtype = "bf16";
   for (const auto precision : {memory::ComputePrecision::kFp32, memory::ComputePrecision::kBf16}) {
-    CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, precision), images.shape, true)
-                    .modelled);
+    CATCH_CHECK(
+        memory::step_peaks(test::probe_spec(dims, levers, precision), images.shape, true).modelled);
   }
   levers.frozen_dtype = "fp32";
-  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
+  CATCH_CHECK(memory::step_peaks(test::probe_spec(dims, levers, memory::ComputePrecision::kFp32),
                                  images.shape, true)
                   .modelled);
   levers = ModelLevers{};
   levers.checkpoint_vision = true;
-  CATCH_CHECK(memory::step_peaks(memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32),
+  CATCH_CHECK(memory::step_peaks(test::probe_spec(dims, levers, memory::ComputePrecision::kFp32),
                                  images.shape, true)
                   .modelled);
   memory::BatchShape aggregates_only = text.shape;
@@ -295,7 +295,7 @@ void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust
     const spec::ModelSpec dims = test::random_dims(rng);
     ModelLevers levers = test::random_levers(rng);
     adjust(levers);
-    auto spec = memory::memory_spec(dims, levers, precision);
+    auto spec = test::probe_spec(dims, levers, precision);
     spec.threads = config % 2 + 1;
     torch::set_num_threads(static_cast<int>(spec.threads));
     torch::manual_seed(config);

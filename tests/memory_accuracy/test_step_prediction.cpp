@@ -74,7 +74,7 @@ CATCH_TEST_CASE(
     levers.freeze_language = frozen_decoder;
     if (levers.freeze_vision && levers.freeze_projector) levers.freeze_projector = false;
     const bool bf16 = configs % 2 == 1;
-    auto spec = memory::memory_spec(
+    auto spec = test::probe_spec(
         dims, levers, bf16 ? memory::ComputePrecision::kBf16 : memory::ComputePrecision::kFp32);
     test::ProbeBatch text = test::random_batch(dims, rng, 2, /*max_crops=*/0);
     test::ProbeBatch images = test::random_batch(dims, rng, 2, /*max_crops=*/6);

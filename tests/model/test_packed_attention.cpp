@@ -80,7 +80,7 @@ CATCH_TEST_CASE("a packed sample's outputs have exactly zero gradient outside it
 
 CATCH_TEST_CASE("segment groups: longest first, padding at most doubles a segment's work") {
   const std::vector<int64_t> lengths{5, 100, 3, 71, 70, 1, 40, 100};
-  const auto groups = model::group_segments(lengths);
+  const auto groups = spec::group_segments(lengths);
   std::vector<int64_t> seen;
   for (const auto& g : groups) {
     CATCH_REQUIRE(!g.segments.empty());

@@ -141,6 +141,7 @@ struct Vit {
   bool bf16 = false;  // train.precision bf16: autocast (replay_vision_bf16.cpp)
   bool vision_bf16_storage = false;  // the ViT frozen with model.frozen_dtype bf16
   bool projector_bf16_storage = false;  // the projector frozen with model.frozen_dtype bf16
+  bool torch2 = false;                  // LibTorch 2.x's CPU kernels (replay_vision_2x.cpp)
   std::vector<int64_t> chunks() const;  // crops per chunk, in forward order
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
@@ -248,6 +249,17 @@ void project_backward_bf16_storage(Timeline& t, const Vit& v, const Chunk& c,
                                    int64_t image_gradient, bool last);
 
 // --- pieces shared by the image path's replays --------------------------------------------
+struct Sinks;
+// One ViT block on LibTorch 2.x, fp32 (replay_vision_2x.cpp): with a graph, without one, its
+// backward (`nested`: inside a checkpointed block's autograd::grad), a checkpointed block's
+// backward, and the patch embedding's backward from the first block's input gradient.
+void vit_block_forward_2x(Timeline& t, const Vit& v, const Chunk& c);
+void vit_block_forward_nograd_2x(Timeline& t, const Vit& v, const Chunk& c);
+void vit_block_backward_2x(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
+                           bool nested);
+void vit_checkpointed_block_backward_2x(Timeline& t, const Vit& v, const Chunk& c,
+                                        const Sinks& sink);
+
 // One chunk's sizes in fp32 bytes: the residual stream X, the MLP M, the scores A, one
 // statistic per token S.
 struct Chunk {
@@ -271,19 +283,29 @@ enum class Sink {
 struct Sinks {
   Sink sink;
   bool chunked;
+  size_t processed = 0;  // chunks processed before this one
+  // LibTorch 2.x: the engine adds into a buffer it owns alone in place; only a view buffered
+  // by the first chunk processed (a linear's weight or bias gradient) is summed out of place.
+  bool torch2 = false;
 };
 
-inline Sinks sinks_of(size_t processed, size_t chunks, bool first_step) {
-  if (chunks == 1) return {first_step ? Sink::kKeep : Sink::kAdd, false};
-  if (processed == 0) return {Sink::kKeep, true};
-  if (processed + 1 == chunks && !first_step) return {Sink::kRelease, true};
-  return {Sink::kAdd, true};
+inline Sinks sinks_of(size_t processed, size_t chunks, bool first_step, bool torch2) {
+  if (chunks == 1) return {first_step ? Sink::kKeep : Sink::kAdd, false, processed, torch2};
+  if (processed == 0) return {Sink::kKeep, true, processed, torch2};
+  if (processed + 1 == chunks && !first_step) return {Sink::kRelease, true, processed, torch2};
+  return {Sink::kAdd, true, processed, torch2};
+}
+
+// Whether a chunk's gradient joins the buffer as a new sum (old + new: a third tensor for a
+// moment) rather than in place. `view`: the gradient is a view (a linear's weight or bias).
+inline bool sums_out_of_place(const Sinks& s, bool view) {
+  return s.chunked && s.sink != Sink::kKeep && (!s.torch2 || (view && s.processed == 1));
 }
 
 // A gradient of `bytes` (live) reaching its parameter.
-inline void accumulate(Timeline& t, int64_t bytes, const Sinks& s) {
+inline void accumulate(Timeline& t, int64_t bytes, const Sinks& s, bool view = true) {
   if (s.sink == Sink::kKeep) return;
-  if (s.chunked) t.transient(bytes);  // the out-of-place sum beside both addends
+  if (sums_out_of_place(s, view)) t.transient(bytes);  // the sum beside both addends
   t.free(s.sink == Sink::kRelease ? 2 * bytes : bytes);
 }
 
@@ -304,8 +326,8 @@ inline void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const
   t.free(c.X);  // the output's gradient
   // The input (unless a checkpoint keeps it), mean and rstd.
   t.free((frees_input ? c.X : 0) + 2 * c.S);
-  accumulate(t, e * v.d, sink);
-  accumulate(t, e * v.d, sink);
+  accumulate(t, e * v.d, sink, /*view=*/false);
+  accumulate(t, e * v.d, sink, /*view=*/false);
 }
 
 // A block's parameters in block->parameters() order: ln1, qkv, out, ln2, fc1, fc2 (weight,

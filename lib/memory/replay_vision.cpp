@@ -30,7 +30,8 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
              spec.levers.checkpoint_vision, spec.vision.trainable, spec.projector.trainable,
              spec.precision == ComputePrecision::kBf16,
              !spec.vision.trainable && spec.vision.parameter_bytes == 2,
-             !spec.projector.trainable && spec.projector.parameter_bytes == 2};
+             !spec.projector.trainable && spec.projector.parameter_bytes == 2,
+             spec.torch.at_least(2, 0)};
 }
 
 namespace {
@@ -169,15 +170,18 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.alloc(patches + c.X + c.X);
   t.free(c.X);
   if (!v.vision_trained) t.free(patches);
+  const auto forward_nograd = v.torch2 ? vit_block_forward_nograd_2x : block_forward_nograd;
   t.repeat(v.Lv, [&](Timeline& block) {
     if (!v.vision_trained) {
       // No graph (checkpointed() runs the block as it is): the block's temporaries, and its
       // input once `x` is reassigned.
-      block_forward_nograd(block, v, c);
+      forward_nograd(block, v, c);
       block.free(c.X);
     } else if (v.checkpoint) {
       block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd(block, v, c);
+      forward_nograd(block, v, c);
+    } else if (v.torch2) {
+      vit_block_forward_2x(block, v, c);
     } else {
       block_forward(block, v, c);
     }
@@ -295,8 +299,12 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   // statistics); its dX is the last block's output gradient g.
   layer_norm_backward(t, v, c, sink);
   t.repeat(v.Lv, [&](Timeline& block) {
-    if (v.checkpoint) {
+    if (v.checkpoint && v.torch2) {
+      vit_checkpointed_block_backward_2x(block, v, c, sink);
+    } else if (v.checkpoint) {
       checkpointed_block_backward(block, v, c, sink);
+    } else if (v.torch2) {
+      vit_block_backward_2x(block, v, c, sink, /*nested=*/false);
     } else {
       block_backward(block, v, c, sink);
     }
@@ -310,7 +318,7 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   bool g_dies = true;
   if (c.n > 1) {
     t.alloc(positions);
-    accumulate(t, positions, sink);
+    accumulate(t, positions, sink, /*view=*/false);
   } else if (sink.sink == Sink::kKeep) {
     if (sink.chunked) {
       g_dies = false;  // the buffer holds g itself
@@ -321,9 +329,19 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
     t.transient(positions);
     if (sink.sink == Sink::kRelease) t.free(positions);
   }
-  // The linear (the patches need no gradient): the bias's gradient, then the kernel's; then g
-  // (unless the positions' buffer holds it) and the kept patches die.
-  linear_backward(t, 0, v.patch_values, v.d, c.X, g_dies, e * c.n * v.P * v.patch_values, sink);
+  // The linear (the patches need no gradient): the bias's gradient, then the kernel's (2.x's
+  // addmm: both at once); then g (unless the positions' buffer holds it) and the kept patches
+  // die.
+  const int64_t patches = e * c.n * v.P * v.patch_values;
+  if (v.torch2) {
+    t.alloc(e * v.patch_values * v.d + e * v.d);
+    if (g_dies) t.free(c.X);
+    t.free(patches);
+    accumulate(t, e * v.d, sink);
+    accumulate(t, e * v.patch_values * v.d, sink);
+  } else {
+    linear_backward(t, 0, v.patch_values, v.d, c.X, g_dies, patches, sink);
+  }
 }
 
 }  // namespace
@@ -347,7 +365,7 @@ void vision_backward(Timeline& t, const Vit& v, bool first_step) {
   for (size_t k = chunks.size(); k-- > 0;) {
     const size_t processed = chunks.size() - 1 - k;
     chunk_backward(t, v, chunk_of(v, chunks[k]), images, k == 0,
-                   sinks_of(processed, chunks.size(), first_step));
+                   sinks_of(processed, chunks.size(), first_step, v.torch2));
   }
 }
 

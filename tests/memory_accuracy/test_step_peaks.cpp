@@ -7,13 +7,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <sstream>
+#include <string>
 #include <vector>
 
-#include "memory/saved_activations.h"
 #include "memory/replay.h"
+#include "memory/saved_activations.h"
 #include "memory/step_peaks.h"
 #include "memory_accuracy/memory_probe.h"
+#include "runtime/memory_trace.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
 
@@ -33,9 +37,20 @@ train::GroupedAdamWOptions adamw_options() {
 
 // One step as the trainer runs it (forward, backward with the outputs still held, AdamW step,
 // zero_grad), each phase's peak above the live bytes before the forward.
+//
+// With VLM_PROBE_TRACE_DIR set, each step's allocations are written with their ops to
+// DIR/probe-<trace>.txt (docs/memory-trace.md's format): where a prediction misses, the op that
+// allocated what the replay did not count.
 Measured run_step(model::VisionLanguageModel& model, train::GroupedAdamW& optimizer,
-                  const model::VlmBatch& batch, memory::ComputePrecision precision) {
+                  const model::VlmBatch& batch, memory::ComputePrecision precision,
+                  const std::string& trace = "") {
   auto& tracker = runtime::install_cpu_tracking_allocator();
+  std::unique_ptr<runtime::MemoryTrace> recording;
+  if (const char* dir = std::getenv("VLM_PROBE_TRACE_DIR"); dir && *dir && !trace.empty()) {
+    recording = std::make_unique<runtime::MemoryTrace>(
+        std::string(dir) + "/probe-" + trace + ".txt", torch::Device(torch::kCPU), "probe");
+    recording->begin_step(1);
+  }
   Measured m;
   const int64_t base = tracker.live_bytes();
   {
@@ -48,6 +63,7 @@ Measured run_step(model::VisionLanguageModel& model, train::GroupedAdamW& optimi
                                         ? train::Precision::kBf16
                                         : train::Precision::kFp32,
                                     torch::kCPU);
+      runtime::PhaseScope phase("vlm::forward");
       out = model->forward(batch);
     }
     m.forward = tracker.peak_bytes() - base;
@@ -58,13 +74,18 @@ Measured run_step(model::VisionLanguageModel& model, train::GroupedAdamW& optimi
     out = model::VlmOutput();
     const torch::Tensor objective = loss_sum * 0.01;
     tracker.reset_peak();
+    runtime::PhaseScope phase("vlm::backward");
     objective.backward();
     m.backward = tracker.peak_bytes() - base;
   }
   tracker.reset_peak();
-  optimizer.step();
+  {
+    runtime::PhaseScope phase("vlm::optimizer");
+    optimizer.step();
+  }
   m.optimizer = tracker.peak_bytes() - base;
   optimizer.zero_grad();
+  if (recording) recording->end_step(1);
   return m;
 }
 
@@ -152,15 +173,18 @@ void sweep(uint64_t seed, int count, int64_t max_crops, Adjust adjust,
     spec.threads = configs % 2 + 1;  // LayerNorm's backward buffer grows with the threads
     torch::set_num_threads(static_cast<int>(spec.threads));
     const int64_t saved = memory::saved_activations(spec, batch.shape).total();
+    CATCH_INFO("config " << configs << " (seed " << seed << ")");
     CATCH_INFO(describe(dims, batch.shape)
                << " | crops " << batch.shape.crops << " chunk " << levers.vision_chunk_crops
                << " threads " << spec.threads << " | freeze v/p/l " << levers.freeze_vision
-               << levers.freeze_projector << levers.freeze_language << " loss chunk "
-               << levers.loss_chunk_tokens << " ckpt v/l " << levers.checkpoint_vision
-               << levers.checkpoint_language);
+               << levers.freeze_projector << levers.freeze_language << " " << levers.frozen_dtype
+               << " loss chunk " << levers.loss_chunk_tokens << " ckpt v/l "
+               << levers.checkpoint_vision << levers.checkpoint_language);
     for (const bool first : {true, false}) {
       CATCH_INFO((first ? "first step" : "second step"));
-      const Measured m = run_step(model, optimizer, batch.tensors, precision);
+      const Measured m = run_step(
+          model, optimizer, batch.tensors, precision,
+          std::to_string(seed) + "-" + std::to_string(configs) + (first ? "-first" : "-second"));
       const memory::PhasePeaks p = memory::step_peaks(spec, batch.shape, first);
       CATCH_REQUIRE(p.modelled);
       CATCH_CHECK(m.saved == saved);

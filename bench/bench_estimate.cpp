@@ -42,9 +42,11 @@ int main(int argc, char** argv) {
               "recommend ms", "found");
   for (const std::string& path : configs) {
     const Config config = load_config(path).config;
-    const double cpu = time_it([&] { estimate::estimate_worst_case(config, false); });
-    const double gpu = time_it([&] { estimate::estimate_worst_case(config, true); });
-    const auto worst = estimate::estimate_worst_case(config, true);
+    const double cpu =
+        time_it([&] { estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch); });
+    const double gpu =
+        time_it([&] { estimate::estimate_worst_case(config, true, 1, memory::kReferenceTorch); });
+    const auto worst = estimate::estimate_worst_case(config, true, 1, memory::kReferenceTorch);
     sampler::MemoryBudget target;
     target.label = "half";
     target.target = memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {1, 13}, 1);

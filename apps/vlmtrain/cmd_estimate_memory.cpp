@@ -78,7 +78,7 @@ int run_estimate(const GlobalOptions& global, const EstimateArgs& args) {
                               loaded.where("train.precision"));
   // A step of more packs than train would plan over these ranks is refused as train refuses it.
   data::planning_options(config, args.ranks).planner.validate();
-  report.worst = estimate::estimate_worst_case(config, cuda, args.ranks);
+  report.worst = estimate::estimate_worst_case(config, cuda, args.ranks, torch);
   // Without a target the catalog's GPUs are the targets: modelled when the first of them is.
   const sampler::MemoryBudget modelled_on =
       target ? *target : sampler::gpu_budget(gpu_catalog().front(), config, torch, args.ranks);

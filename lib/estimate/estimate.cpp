@@ -32,9 +32,11 @@ StepPeak step_peak(const memory::MemorySpec& spec, const memory::BatchShape& sha
   return best;
 }
 
-WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks) {
+WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks,
+                                      memory::TorchVersion torch) {
   WorstCaseEstimate e;
   e.spec = memory::run_spec(config, cuda, ranks);
+  e.spec.torch = torch;
   e.statics = memory::static_memory(e.spec);
   e.worst = data::worst_case(data::worst_case_inputs(config));
   const std::vector<memory::BatchShape> shapes = worst_case_shapes(config, e.worst);

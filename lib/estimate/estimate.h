@@ -59,7 +59,8 @@ struct WorstCaseEstimate {
   Phases phases;
 };
 
-WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks = 1);
+WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t ranks,
+                                      memory::TorchVersion torch);
 // Makes `step` (one of the candidates) the worst case of `e`: its shape, saved activations,
 // batch tensors and phases.
 void adopt_worst(WorstCaseEstimate& e, const StepPeak& step, int64_t micro_steps);

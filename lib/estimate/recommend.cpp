@@ -192,7 +192,8 @@ class Search {
       overrides.insert(overrides.end(), set.begin(), set.end());
       const Config config = load_config(options_.config_path, overrides).config;
       const WorstCaseEstimate e =
-          estimate_worst_case(config, options_.target.target.cuda, options_.target.target.ranks);
+          estimate_worst_case(config, options_.target.target.cuda, options_.target.target.ranks,
+                              options_.target.target.torch);
       if (e.modelled) {
         const Verdict v = verdict(e.spec, e.step, options_.target, options_.corrections);
         Recommendation r;

@@ -40,7 +40,7 @@ inline constexpr int64_t kNcclLl128BuffSize = 120 * 640 * 8 * 8;  // DEFAULT_LL1
 struct DeviceTarget {
   bool cuda = false;
   GpuInfo gpu;         // CUDA only
-  TorchVersion torch;  // the LibTorch the binary runs on
+  TorchVersion torch = kReferenceTorch;  // the LibTorch the binary runs on
   int64_t ranks = 1;   // data-parallel ranks: NCCL buffers from 2 on
   // CUBLAS_WORKSPACE_CONFIG as set in the environment, "" when unset.
   std::string cublas_workspace_config;

@@ -162,6 +162,8 @@ bool onednn_bf16_product(bool onednn, int64_t batch, int64_t M, int64_t K, int64
 // `calls` x `heads` sequences (its per-thread `dsum` once per thread that gets work).
 int64_t flash_forward_buffer(int64_t threads, int64_t L, int64_t hd, bool bf16);
 int64_t flash_backward_buffer(int64_t threads, int64_t calls, int64_t heads, int64_t L, bool bf16);
+// Its query block for a query length L: min(L, 256 from L = 768, 64 from 192, else 32).
+int64_t flash_q_split(int64_t L);
 
 // --- language (replay_language.cpp) --------------------------------------------------------
 // segment_ids and the RoPE tables, before the blocks: cos and sin (4 N hd each) live on return.

@@ -31,7 +31,8 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
              spec.precision == ComputePrecision::kBf16,
              !spec.vision.trainable && spec.vision.parameter_bytes == 2,
              !spec.projector.trainable && spec.projector.parameter_bytes == 2,
-             spec.torch.at_least(2, 0)};
+             // As the decoder's (replay_language.cpp lm_of): the 2.x walk in fp32 compute.
+             spec.torch.at_least(2, 0) && spec.precision == ComputePrecision::kFp32};
 }
 
 namespace {

@@ -523,7 +523,7 @@ void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step) {
   for (size_t k = chunks.size(); k-- > 0;) {
     const size_t processed = chunks.size() - 1 - k;
     chunk_backward(t, v, chunk_of(v, chunks[k]), images, k == 0,
-                   sinks_of(processed, chunks.size(), first_step, v.torch2));
+                   sinks_of(processed, chunks.size(), first_step, /*torch2=*/false));
   }
 }
 

@@ -78,6 +78,19 @@ std::string unmodelled(const MemorySpec& spec, const BatchShape& shape) {
 
 }  // namespace
 
+int64_t racy_bytes(const MemorySpec& spec, const BatchShape& shape) {
+  const replay::Lm x = replay::lm_of(spec, shape);
+  const replay::Vit v = replay::vit_of(spec, shape);
+  if (spec.threads <= 1 || !(x.torch2 || v.torch2)) return 0;
+  int64_t block = 0;
+  if (x.torch2) {
+    for (const replay::AttentionGroup& g : x.groups)
+      block = std::max(block, replay::flash_q_split(g.L));
+  }
+  if (v.torch2 && shape.crops > 0) block = std::max(block, replay::flash_q_split(v.P));
+  return (spec.threads - 1) * replay::e * block;
+}
+
 int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients) {
   if (spec.ranks < 2) return 0;
   std::vector<int64_t> flattened;  // per bucket: the bytes its flattening allocates

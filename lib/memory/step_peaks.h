@@ -64,6 +64,14 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
 // for later: `first.image` then changes nothing but which parameters AdamW steps).
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBackward first);
 
+// The bytes by which a measured peak may fall short of step_peaks' on LibTorch 2.x with more
+// than one intra-op thread: the flash attention's backward gives each thread that gets work a
+// `dsum` buffer (4 bytes per query of a block) when the thread starts, so whether they are
+// alive at the same moment depends on timing. The replay counts all of them (the most there
+// can be); this is one block's worth for each thread but the first, of the step's largest
+// query block. 0 on 1.13 and with one thread.
+int64_t racy_bytes(const MemorySpec& spec, const BatchShape& shape);
+
 // Communicator::all_reduce_gradients's peak above the live bytes before it (ranks > 1; 0 for one
 // rank): the gradients in AdamW's order, cut by take_tensors into buckets that close once they
 // reach kGradientBucketBytes; a bucket of several tensors is flattened by cat (its bytes, until

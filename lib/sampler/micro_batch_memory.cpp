@@ -18,6 +18,7 @@ constexpr memory::StepState kSteadyState{true, true};
 memory::MemorySpec target_spec(memory::MemorySpec spec, const memory::DeviceTarget& target) {
   if (target.cuda) spec.threads = 0;  // the CPU-only terms (memory/memory_spec.h)
   spec.ranks = target.ranks;          // the gradient all-reduce from 2 ranks on
+  spec.torch = target.torch;          // whose CPU kernels the replay follows
   return spec;
 }
 

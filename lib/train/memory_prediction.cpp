@@ -68,6 +68,7 @@ MemoryPredictor::MemoryPredictor(const Config& config, int threads, memory::Devi
     : spec_(memory::memory_spec(config)), target_(std::move(target)) {
   spec_.threads = target_.cuda ? 0 : threads;  // the CPU-only terms (memory/memory_spec.h)
   spec_.ranks = target_.ranks;
+  spec_.torch = target_.torch;  // the running LibTorch: whose CPU kernels the replay follows
   const std::string& file = config.memory.calibration;
   if (file.empty()) return;
   calibration_file_ = file;

@@ -70,7 +70,8 @@ TEST_CASE("the worst case bounds the step peak of every micro-batch planned from
   for (const auto& sets : variants) {
     INFO("--set " << (sets.empty() ? "(none)" : sets.front()));
     const Config config = demo_config(sets);
-    const estimate::WorstCaseEstimate worst = estimate::estimate_worst_case(config, false);
+    const estimate::WorstCaseEstimate worst =
+        estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch);
     REQUIRE(worst.modelled);
     const std::string stream = write_stream(dir / ("s" + std::to_string(seed)), config, 400, seed);
     ++seed;
@@ -90,7 +91,8 @@ TEST_CASE("the worst case bounds the step peak of every micro-batch planned from
 TEST_CASE("typical peaks stop planning at their micro-batch cap, the step reaching it whole") {
   test::TempDir dir("estimate");
   const Config config = demo_config({"train.gradient_accumulation_steps=3"});
-  const estimate::WorstCaseEstimate worst = estimate::estimate_worst_case(config, false);
+  const estimate::WorstCaseEstimate worst =
+      estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch);
   const std::string stream = write_stream(dir / "s", config, 400, 7);
   auto pipeline = data::length_pipeline(config, 1, stream);
   // 3 micro-batches a step: a cap of 10 stops after the 4th step (12), before --steps' 1000.
@@ -107,8 +109,8 @@ TEST_CASE("typical peaks stop planning at their micro-batch cap, the step reachi
 TEST_CASE("the worst case's breakdown sums to its peak, and its phases are ordered as a step "
           "runs them") {
   for (const std::string precision : {"fp32", "bf16"}) {
-    const estimate::WorstCaseEstimate e =
-        estimate::estimate_worst_case(demo_config({"train.precision=" + precision}), true);
+    const estimate::WorstCaseEstimate e = estimate::estimate_worst_case(
+        demo_config({"train.precision=" + precision}), true, 1, memory::kReferenceTorch);
     REQUIRE(e.modelled);
     int64_t sum = 0;
     for (const auto& [name, bytes] : estimate::breakdown(e)) {
@@ -126,8 +128,8 @@ TEST_CASE("the worst case's breakdown sums to its peak, and its phases are order
 TEST_CASE("a GPU spec has no CPU-only terms: a CUDA estimate is at most the CPU one, and below "
           "it where the ViT peaks") {
   const Config config = demo_config({"train.precision=bf16", "train.threads=4"});
-  const auto cpu = estimate::estimate_worst_case(config, false);
-  const auto gpu = estimate::estimate_worst_case(config, true);
+  const auto cpu = estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch);
+  const auto gpu = estimate::estimate_worst_case(config, true, 1, memory::kReferenceTorch);
   CHECK(cpu.spec.threads == 4);
   CHECK(gpu.spec.threads == 0);
   CHECK(gpu.step.tensors.peak_bytes <= cpu.step.tensors.peak_bytes);
@@ -143,7 +145,7 @@ TEST_CASE("a GPU spec has no CPU-only terms: a CUDA estimate is at most the CPU 
 
 TEST_CASE("verdicts: the budget is memory less the safety margin, CUDA adds the device terms") {
   const Config config = demo_config();
-  const auto e = estimate::estimate_worst_case(config, false);
+  const auto e = estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch);
   sampler::MemoryBudget cpu;
   cpu.label = "cpu";
   cpu.device_bytes = 2 * e.step.tensors.peak_bytes;
@@ -156,7 +158,7 @@ TEST_CASE("verdicts: the budget is memory less the safety margin, CUDA adds the 
   cpu.device_bytes -= 2;
   CHECK_FALSE(estimate::verdict(e.spec, e.step, cpu, {}).fits);
 
-  const auto g = estimate::estimate_worst_case(config, true);
+  const auto g = estimate::estimate_worst_case(config, true, 1, memory::kReferenceTorch);
   sampler::MemoryBudget h100;
   h100.target = memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {2, 4}, 1);
   h100.device_bytes = h100.target.gpu.memory_bytes;
@@ -178,7 +180,7 @@ TEST_CASE("distributions use the nearest rank") {
 
 TEST_CASE("the cost model: recompute costs a forward, chunking and the split cost nothing") {
   const Config base = demo_config();
-  const auto e = estimate::estimate_worst_case(base, true);
+  const auto e = estimate::estimate_worst_case(base, true, 1, memory::kReferenceTorch);
   const double plain = estimate::micro_batch_flops(e.spec, e.shape);
   memory::MemorySpec spec = e.spec;
   spec.levers.checkpoint_language = true;
@@ -198,7 +200,7 @@ TEST_CASE("recommendations below the needed budget fit it when re-estimated, bes
           "first, each as --set flags") {
   const std::string path = VLM_SOURCE_DIR "/configs/demo.yaml";
   const Config config = load_config(path).config;
-  const auto e = estimate::estimate_worst_case(config, false);
+  const auto e = estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch);
   sampler::MemoryBudget target;
   target.label = "budget";
   target.device_bytes = e.step.tensors.peak_bytes * 9 / 10;
@@ -220,7 +222,7 @@ TEST_CASE("recommendations below the needed budget fit it when re-estimated, bes
       CHECK(recs[i].relative_throughput == std::nullopt);  // known throughputs come first
     }
     const Config applied = load_config(path, recs[i].set).config;
-    const auto again = estimate::estimate_worst_case(applied, false);
+    const auto again = estimate::estimate_worst_case(applied, false, 1, memory::kReferenceTorch);
     CHECK(again.step.tensors.peak_bytes == recs[i].peak_bytes);
   }
   // A budget that fits as it is gets no recommendation without room to spare.
@@ -235,7 +237,7 @@ TEST_CASE("with data every recommendation has a throughput, measured on re-plann
   const std::string path = VLM_SOURCE_DIR "/configs/demo.yaml";
   const Config config = load_config(path).config;
   const std::string stream = write_stream(dir / "stream.jsonl", config, 300, 7);
-  const auto e = estimate::estimate_worst_case(config, false);
+  const auto e = estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch);
   sampler::MemoryBudget target;
   target.label = "budget";
   target.device_bytes = e.step.tensors.peak_bytes * 3 / 4;
@@ -300,7 +302,7 @@ TEST_CASE("the JSON report carries every key docs/estimate-memory.md documents, 
   estimate::Report report;
   const Config config = demo_config();
   report.resolved = config;
-  report.worst = estimate::estimate_worst_case(config, false);
+  report.worst = estimate::estimate_worst_case(config, false, 1, memory::kReferenceTorch);
   sampler::MemoryBudget target;
   target.label = "budget";
   target.device_bytes = report.worst.step.tensors.peak_bytes / 2;
@@ -347,7 +349,8 @@ TEST_CASE(
     "tensor replay's") {
   Config config = load_config(VLM_SOURCE_DIR "/configs/demo.yaml").config;
   config.train.precision = "bf16";
-  const estimate::WorstCaseEstimate e = estimate::estimate_worst_case(config, true);
+  const estimate::WorstCaseEstimate e =
+      estimate::estimate_worst_case(config, true, 1, memory::kReferenceTorch);
   REQUIRE(e.modelled);
   const auto h100 = [](memory::TorchVersion torch) {
     sampler::MemoryBudget b;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -79,39 +80,60 @@ TEST_CASE("batch shape: segments with the rows' padding") {
   CHECK(b.max_segment_len == 10);
 }
 
-TEST_CASE("saved activations: the tiny model on bench_model's pack, as measured") {
-  // bench_model (docs/BENCHMARKS.md): 342.4 MiB saved without checkpointing, 18.0 MiB with
-  // it, loss chunks of 1024 tokens, fp32, counted by the tracking allocator.
-  const auto dims = spec::preset("tiny");
-  ModelLevers levers;
-  levers.loss_chunk_tokens = 1024;
-  const auto plain = memory::saved_activations(
-      memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), bench_pack(dims));
-  levers.checkpoint_vision = levers.checkpoint_language = true;
-  const auto checkpointed = memory::saved_activations(
-      memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32), bench_pack(dims));
-  CHECK(std::round(mib(plain.total()) * 10) / 10 == Approx(342.4));
-  CHECK(std::round(mib(checkpointed.total()) * 10) / 10 == Approx(18.0));
-  // Checkpointing keeps each block's input (and an RNG state) instead of its internals.
-  CHECK(checkpointed.language < plain.language / 20);
-  CHECK(checkpointed.loss == plain.loss);
+// A spec of `dims` on LibTorch `torch` (the replay follows that version's CPU kernels).
+memory::MemorySpec on(memory::TorchVersion torch, const spec::ModelSpec& dims,
+                      const ModelLevers& levers, memory::ComputePrecision precision) {
+  memory::MemorySpec s = memory::memory_spec(dims, levers, precision);
+  s.torch = torch;
+  return s;
 }
 
-TEST_CASE("saved activations: a ViT block is 4nP(8d + 2m + hP) + 16nP bytes in fp32") {
+TEST_CASE("saved activations: the tiny model on bench_model's pack, as measured") {
+  // bench_model (docs/BENCHMARKS.md): 342.4 MiB saved without checkpointing, 18.0 MiB with
+  // it, loss chunks of 1024 tokens, fp32, counted by the tracking allocator on LibTorch 1.13;
+  // 196.5 and 16.0 MiB on 2.11 (the flash kernels keep no attention probabilities).
+  const auto dims = spec::preset("tiny");
+  for (const auto& [torch, plain_mib, checkpointed_mib] :
+       std::vector<std::tuple<memory::TorchVersion, double, double>>{{{1, 13}, 342.4, 18.0},
+                                                                     {{2, 11}, 196.5, 16.0}}) {
+    INFO("LibTorch " << torch.str());
+    ModelLevers levers;
+    levers.loss_chunk_tokens = 1024;
+    const auto plain = memory::saved_activations(
+        on(torch, dims, levers, memory::ComputePrecision::kFp32), bench_pack(dims));
+    levers.checkpoint_vision = levers.checkpoint_language = true;
+    const auto checkpointed = memory::saved_activations(
+        on(torch, dims, levers, memory::ComputePrecision::kFp32), bench_pack(dims));
+    CHECK(std::round(mib(plain.total()) * 10) / 10 == Approx(plain_mib));
+    CHECK(std::round(mib(checkpointed.total()) * 10) / 10 == Approx(checkpointed_mib));
+    // Checkpointing keeps each block's input (and an RNG state) instead of its internals.
+    CHECK(checkpointed.language < plain.language / (torch.major == 1 ? 20 : 10));
+    CHECK(checkpointed.loss == plain.loss);
+  }
+}
+
+TEST_CASE(
+    "saved activations: a ViT block is 4nP(8d + 2m + hP) + 16nP bytes in fp32 on LibTorch 1.13, "
+    "4nP(8d + 2m + h) + 16nP on 2.x") {
   auto dims = spec::preset("nanovlm-460m");
   ModelLevers levers;
   levers.freeze_projector = levers.freeze_language = true;  // isolate the vision tower
-  auto with_layers = [&](int64_t layers) {
+  auto with_layers = [&](memory::TorchVersion torch, int64_t layers) {
     dims.vision.num_layers = layers;
-    const auto spec = memory::memory_spec(dims, levers, memory::ComputePrecision::kFp32);
+    const auto spec = on(torch, dims, levers, memory::ComputePrecision::kFp32);
     return memory::saved_activations(spec, memory::BatchShape::from_segments(1, 8, {8}, 3, 0))
         .vision;
   };
   const int64_t n = 3, P = 1024, d = 768, m = 3072, h = 12;
-  CHECK(with_layers(2) - with_layers(1) == 4 * n * P * (8 * d + 2 * m + h * P) + 16 * n * P);
+  // 1.13 keeps the probabilities (h P per patch); 2.x's flash kernel a log-sum-exp per head.
+  CHECK(with_layers({1, 13}, 2) - with_layers({1, 13}, 1) ==
+        4 * n * P * (8 * d + 2 * m + h * P) + 16 * n * P);
+  CHECK(with_layers({2, 11}, 2) - with_layers({2, 11}, 1) ==
+        4 * n * P * (8 * d + 2 * m + h) + 16 * n * P);
 }
 
-TEST_CASE("saved activations: at 512 px a bf16 ViT block keeps more than an fp32 one") {
+TEST_CASE(
+    "saved activations: at 512 px a bf16 ViT block keeps more than an fp32 one on LibTorch 1.13") {
   // The probabilities are kept in fp32 (softmax is asked for fp32) and again as the bf16 copy
   // multiplied with v: 6 bytes per score against 4, which outweighs the halved d-wide terms
   // when h * P (12 * 1024) dwarfs d (768).
@@ -121,7 +143,7 @@ TEST_CASE("saved activations: at 512 px a bf16 ViT block keeps more than an fp32
   auto block = [&](memory::ComputePrecision precision) {
     auto at = [&](int64_t layers) {
       dims.vision.num_layers = layers;
-      return memory::saved_activations(memory::memory_spec(dims, levers, precision),
+      return memory::saved_activations(on({1, 13}, dims, levers, precision),
                                        memory::BatchShape::from_segments(1, 8, {8}, 1, 0))
           .vision;
     };

@@ -27,6 +27,24 @@ inline memory::MemorySpec probe_spec(const spec::ModelSpec& dims, const ModelLev
   return s;
 }
 
+// Whether the replay knows what this build's bf16 products allocate: on LibTorch 2.x they run
+// in its bundled oneDNN, whose scratchpads are not in the replay yet (docs/memory-cpu-2x.md),
+// so the 2.x probes keep every module in fp32: frozen ones in fp32 storage, fp32 compute.
+inline bool bf16_products_replayed() {
+  return !memory::parse_torch_version(runtime::torch_version()).value().at_least(2, 0);
+}
+
+// A predicted peak against the measured one: equal, or above by no more than `racy` bytes,
+// those whose liveness depends on thread timing (memory/step_peaks.h racy_bytes).
+inline bool matches(int64_t predicted, int64_t measured, int64_t racy) {
+  return measured <= predicted && predicted - measured <= racy;
+}
+
+// Frozen modules in fp32 storage where bf16 products are not replayed.
+inline void fp32_storage_unless_replayed(ModelLevers& levers) {
+  if (!bf16_products_replayed()) levers.frozen_dtype = "fp32";
+}
+
 // A small model of the presets' family with random dimensions (always buildable).
 inline spec::ModelSpec random_dims(std::mt19937_64& rng) {
   auto pick = [&](std::vector<int64_t> values) {

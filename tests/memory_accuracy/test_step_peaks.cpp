@@ -189,7 +189,11 @@ void sweep(uint64_t seed, int count, int64_t max_crops, Adjust adjust,
       CATCH_REQUIRE(p.modelled);
       CATCH_CHECK(m.saved == saved);
       CATCH_CHECK(p.forward == m.forward);
-      CATCH_CHECK(p.backward == m.backward);
+      // Exact but for the flash backward's per-thread buffers, alive at once or one after the
+      // other as the threads' timing has it (2.x, threads > 1: racy_bytes).
+      const int64_t racy = memory::racy_bytes(spec, batch.shape);
+      CATCH_INFO("racy bytes " << racy);
+      CATCH_CHECK(test::matches(p.backward, m.backward, racy));
       (first ? forward_first : forward_steady).add(p.forward, m.forward);
       (first ? backward_first : backward_steady).add(p.backward, m.backward);
       (first ? optimizer_first : optimizer_steady).add(p.optimizer, m.optimizer);
@@ -209,23 +213,22 @@ void trained_decoder(ModelLevers& levers) { levers.freeze_language = false; }
 
 }  // namespace
 
-CATCH_TEST_CASE(
-    "memory model: step peaks of fp32 text steps, first and steady, to the byte (LibTorch 1.13)",
-    "[libtorch1.13]") {
+// On the LibTorch this is built with (1.13 or 2.x: the replay follows either's kernels).
+CATCH_TEST_CASE("memory model: step peaks of fp32 text steps, first and steady, to the byte") {
   // The image path frozen: a trained one would be stepped by AdamW in the steady state only
   // after a step with crops has given its parameters gradients.
   sweep(41, 100, /*max_crops=*/0, [](ModelLevers& levers) {
     trained_decoder(levers);
     levers.freeze_vision = levers.freeze_projector = true;
+    test::fp32_storage_unless_replayed(levers);
   });
 }
 
 CATCH_TEST_CASE(
-    "memory model: step peaks of fp32 steps with crops, first and steady, to the byte (LibTorch "
-    "1.13)",
-    "[libtorch1.13]") {
-  // Any module trained or frozen (in fp32 or bf16 storage), never all three.
-  sweep(47, 100, /*max_crops=*/8, [](ModelLevers&) {});
+    "memory model: step peaks of fp32 steps with crops, first and steady, to the byte") {
+  // Any module trained or frozen (in fp32 storage, or bf16 where its products are replayed),
+  // never all three.
+  sweep(47, 100, /*max_crops=*/8, test::fp32_storage_unless_replayed);
 }
 
 CATCH_TEST_CASE("memory model: step peaks say which configurations they do not model") {
@@ -366,7 +369,8 @@ void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust
       b.alloc(element);
       b.alloc(element * shape.crops * v.I * v.D);
       memory::replay::vision_backward(b, v, first);
-      CATCH_CHECK(tracker.peak_bytes() - base == b.peak);
+      CATCH_CHECK(
+          test::matches(b.peak, tracker.peak_bytes() - base, memory::racy_bytes(spec, shape)));
       (first ? backward_first : backward_steady).add(b.peak, tracker.peak_bytes() - base);
       for (auto& p : model->parameters()) {
         if (p.grad().defined()) p.grad().zero_();
@@ -381,13 +385,12 @@ void image_path(uint64_t seed, memory::ComputePrecision precision, Adjust adjust
 
 }  // namespace
 
-CATCH_TEST_CASE(
-    "memory model: the image path's own peaks, forward and backward, to the byte (LibTorch 1.13)",
-    "[libtorch1.13]") {
+CATCH_TEST_CASE("memory model: the image path's own peaks, forward and backward, to the byte") {
   image_path(53, memory::ComputePrecision::kFp32, [](ModelLevers& levers) {
     // One of the two may be frozen (with both frozen nothing has a gradient), in fp32 or bf16
-    // storage.
+    // storage (bf16 where its products are replayed).
     if (levers.freeze_vision) levers.freeze_projector = false;
+    test::fp32_storage_unless_replayed(levers);
   });
 }
 

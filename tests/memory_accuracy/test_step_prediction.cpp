@@ -56,16 +56,12 @@ int64_t run_step(model::VisionLanguageModel& model, train::GroupedAdamW& optimiz
   return peak;
 }
 
-}  // namespace
-
-CATCH_TEST_CASE(
-    "memory model: whole steps as a run meets them, the image path's gradients coming "
-    "later and a resumed process included, to the byte (LibTorch 1.13)",
-    "[libtorch1.13]") {
-  std::mt19937_64 rng(83);
+// `count` random models in `precision`, each through the states above.
+void whole_steps(uint64_t seed, int count, bool bf16) {
+  std::mt19937_64 rng(seed);
   auto& tracker = runtime::install_cpu_tracking_allocator();
   int configs = 0, exact = 0, compared = 0;
-  while (configs < 40) {
+  while (configs < count) {
     spec::ModelSpec dims = test::random_dims(rng);
     ModelLevers levers = test::random_levers(rng);
     // A trained decoder, except every fourth model: frozen (in either storage), where the
@@ -73,7 +69,7 @@ CATCH_TEST_CASE(
     const bool frozen_decoder = configs % 4 == 3;
     levers.freeze_language = frozen_decoder;
     if (levers.freeze_vision && levers.freeze_projector) levers.freeze_projector = false;
-    const bool bf16 = configs % 2 == 1;
+    test::fp32_storage_unless_replayed(levers);
     auto spec = test::probe_spec(
         dims, levers, bf16 ? memory::ComputePrecision::kBf16 : memory::ComputePrecision::kFp32);
     test::ProbeBatch text = test::random_batch(dims, rng, 2, /*max_crops=*/0);
@@ -125,5 +121,19 @@ CATCH_TEST_CASE(
     model = nullptr;
     optimizer.reset();
   }
-  std::printf("whole steps: %d/%d exact\n", exact, compared);
+  std::printf("whole steps (%s): %d/%d exact\n", bf16 ? "bf16" : "fp32", exact, compared);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE(
+    "memory model: whole fp32 steps as a run meets them, the image path's gradients coming "
+    "later and a resumed process included, to the byte") {
+  whole_steps(83, 40, /*bf16=*/false);
+}
+
+CATCH_TEST_CASE(
+    "memory model: whole bf16 autocast steps as a run meets them, to the byte (LibTorch 1.13)",
+    "[libtorch1.13]") {
+  whole_steps(89, 30, /*bf16=*/true);
 }

@@ -169,8 +169,10 @@ TEST_CASE(
         const std::vector<const data::Pack*> mb{&packs[i], &packs[i + 1], &packs[i + 2]};
         exact.push_back(memory.predict(mb));
         // The same as the memory model on the collator's layout, in the steady state.
-        const memory::StepPrediction p = memory::predict_step(
-            memory::run_spec(config, cuda), {sampler::batch_shape(mb)}, {true, true});
+        memory::MemorySpec spec = memory::run_spec(config, cuda);
+        spec.torch = target.torch;  // the target's LibTorch, as the sampler's spec
+        const memory::StepPrediction p =
+            memory::predict_step(spec, {sampler::batch_shape(mb)}, {true, true});
         REQUIRE(p.modelled);
         if (!cuda) REQUIRE(exact.back() == p.peak_bytes);
         if (cuda) REQUIRE(exact.back() > p.peak_bytes);  // the device's terms on top

@@ -83,9 +83,9 @@ std::string unmodelled_target(const memory::MemorySpec& spec, const memory::Devi
     if (why.empty()) return "";
     return "LibTorch " + target.torch.str() + " on CUDA: " + why;
   }
-  return "LibTorch " + target.torch.str() +
-         "'s attention (scaled_dot_product_attention) is not replayed on the CPU yet: the "
-         "memory model follows LibTorch 1.13's operators there";
+  memory::MemorySpec on_target = spec;
+  on_target.torch = target.torch;
+  return memory::cpu_unreplayed(on_target);
 }
 
 StepPeak worst_step_on(const Config& config, const WorstCaseEstimate& e,

@@ -65,11 +65,10 @@ WorstCaseEstimate estimate_worst_case(const Config& config, bool cuda, int64_t r
 // batch tensors and phases.
 void adopt_worst(WorstCaseEstimate& e, const StepPeak& step, int64_t micro_steps);
 
-// The tensor replay follows LibTorch 1.13's operators. From 2.0 on, attention runs through
-// scaled_dot_product_attention (runtime/compat.h), whose kernels save and allocate other
-// tensors, so a prediction for 2.x would be 1.13's, except on a CUDA target the step replay
-// covers (memory/cuda_step.h: LibTorch 2.11's CUDA path): the reason a target is not modelled,
-// or "".
+// Whether the memory model follows the target's LibTorch for `spec`: on the CPU, 1.13's and
+// 2.x's operators in fp32 (memory/step_peaks.h cpu_unreplayed: 2.x's bf16 products are not
+// replayed yet); on CUDA, the step replay's coverage (memory/cuda_step.h: LibTorch 2.11's CUDA
+// path) from 2.0 on. The reason a target is not modelled, or "".
 std::string unmodelled_target(const memory::MemorySpec& spec, const memory::DeviceTarget& target);
 
 // The worst case on a CUDA target the step replay covers (memory/cuda_step.h): of the candidate

@@ -64,6 +64,12 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool firs
 // for later: `first.image` then changes nothing but which parameters AdamW steps).
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBackward first);
 
+// Whether the CPU replay follows the kernels of `spec.torch` for this run: "" when it does (every
+// run on 1.13; fp32 products on 2.x), else why not. On 2.x bf16 products (train.precision
+// bf16, a module frozen in bf16 storage) run in LibTorch's bundled oneDNN, whose scratchpads
+// the replay does not know yet: the step is then replayed as 1.13 runs it (docs/memory.md).
+std::string cpu_unreplayed(const MemorySpec& spec);
+
 // The bytes by which a measured peak may fall short of step_peaks' on LibTorch 2.x with more
 // than one intra-op thread: the flash attention's backward gives each thread that gets work a
 // `dsum` buffer (4 bytes per query of a block) when the thread starts, so whether they are

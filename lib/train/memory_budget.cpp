@@ -84,21 +84,24 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
   if (const std::string torch = estimate::unmodelled_target(predictor.spec(), budget_->target);
       !torch.empty()) {
     if (!auto_batch) {
-      // A cap from predictions up to 3.4 times the measured peak (docs/BENCHMARKS.md, H200)
+      // A cap from 1.13's predictions (up to 3.4 times the measured peak of a CUDA step,
+      // docs/BENCHMARKS.md, H200; 5-63% above a 2.11 CPU step in bf16, docs/memory-cpu-2x.md)
       // would refuse packs that fit, and the preflight configs that fit; with a fixed batch
       // size the limits bound the micro-batches, and the preflight measures.
       memory_.reset();
-      spdlog::warn("memory budget: no byte cap on the micro-batches: {}, which keeps the "
-                   "attention scores that fused kernels do not (up to 3.4 times the measured "
-                   "peak); train.batch_size and the crop limits bound them, the preflight runs "
-                   "the heaviest one for real, and an OOM splits a micro-batch",
-                   torch);
+      spdlog::warn(
+          "memory budget: no byte cap on the micro-batches: {}, which predicts more "
+          "than this LibTorch allocates; train.batch_size and the crop limits bound "
+          "them, the preflight runs the heaviest one for real, and an OOM splits a "
+          "micro-batch",
+          torch);
       return;
     }
-    spdlog::warn("memory budget: {}; the sampler uses its LibTorch 1.13 predictions, which keep "
-                 "the attention scores that fused kernels do not: micro-batches may stay below "
-                 "the budget, and an OOM lowers it",
-                 torch);
+    spdlog::warn(
+        "memory budget: {}; the sampler uses those predictions, which are higher than "
+        "what this LibTorch allocates: micro-batches may stay below the budget, and an "
+        "OOM lowers it",
+        torch);
   }
   const int64_t usable = budget_->usable_bytes();
   const int64_t statics = memory_->static_bytes();

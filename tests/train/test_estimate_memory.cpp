@@ -56,37 +56,49 @@ void train(const fs::path& out, const std::string& flags, int steps) {
 
 }  // namespace
 
-CATCH_TEST_CASE(
-    "estimate-memory: the worst case is never below a measured step peak of the "
-    "demo data, fp32 and bf16 (LibTorch 1.13)",
-    "[libtorch1.13]") {
-  for (const std::string variant : {"", "--set train.precision=bf16 --set train.batch_size=3"}) {
-    CATCH_INFO("variant: " << variant);
-    const std::string flags = demo_flags(variant);
-    const json e = estimate(flags + " --budget 64GiB");
-    CATCH_REQUIRE(e["modelled"] == true);
-    CATCH_CHECK(e["targets"][0]["device"] == "cpu");
-    const int64_t worst = e["peak_bytes"].get<int64_t>();
-    CATCH_CHECK(e["target_peak_bytes"].get<int64_t>() == worst);  // no device terms on the CPU
-    TempDir out;
-    train(out.path(), flags, 10);
-    const auto steps = steps_of(out.path());
-    CATCH_REQUIRE(steps.size() == 10);
-    int64_t highest = 0;
-    for (const json& s : steps) {
-      const int64_t measured = s["memory/peak_allocated_bytes"].get<int64_t>();
-      CATCH_CHECK(measured <= worst);
-      highest = std::max(highest, measured);
-    }
-    // The demo data reaches a good part of its worst case: the bound is not vacuous.
-    CATCH_CHECK(highest * 2 > worst);
+namespace {
+
+// estimate-memory's worst case for the demo data against 10 trained steps.
+void worst_case_bounds_the_steps(const std::string& variant) {
+  const std::string flags = demo_flags(variant);
+  const json e = estimate(flags + " --budget 64GiB");
+  CATCH_REQUIRE(e["modelled"] == true);
+  CATCH_CHECK(e["targets"][0]["device"] == "cpu");
+  const int64_t worst = e["peak_bytes"].get<int64_t>();
+  CATCH_CHECK(e["target_peak_bytes"].get<int64_t>() == worst);  // no device terms on the CPU
+  TempDir out;
+  train(out.path(), flags, 10);
+  const auto steps = steps_of(out.path());
+  CATCH_REQUIRE(steps.size() == 10);
+  int64_t highest = 0;
+  for (const json& s : steps) {
+    const int64_t measured = s["memory/peak_allocated_bytes"].get<int64_t>();
+    CATCH_CHECK(measured <= worst);
+    highest = std::max(highest, measured);
   }
+  // The demo data reaches a good part of its worst case: the bound is not vacuous.
+  CATCH_CHECK(highest * 2 > worst);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE(
+    "estimate-memory: the worst case is never below a measured step peak of the demo data, "
+    "fp32") {
+  worst_case_bounds_the_steps("");
+}
+
+// bf16 products on LibTorch 2.x are not replayed yet (estimate-memory says "not modelled").
+CATCH_TEST_CASE(
+    "estimate-memory: the worst case is never below a measured step peak of the demo data, "
+    "bf16 (LibTorch 1.13)",
+    "[libtorch1.13]") {
+  worst_case_bounds_the_steps("--set train.precision=bf16 --set train.batch_size=3");
 }
 
 CATCH_TEST_CASE(
     "estimate-memory: the first recommendation for a budget below the worst case "
-    "trains 20 steps within that budget, without an OOM (LibTorch 1.13)",
-    "[libtorch1.13]") {
+    "trains 20 steps within that budget, without an OOM") {
   const std::string flags = demo_flags("");
   const int64_t worst = estimate(flags + " --budget 64GiB")["peak_bytes"].get<int64_t>();
   const int64_t budget = worst * 3 / 4;
@@ -207,8 +219,7 @@ CATCH_TEST_CASE("estimate-memory uses memory.calibration's entry for the target 
 
 CATCH_TEST_CASE(
     "estimate-memory with batch_size auto: the typical micro-batches are sized by the "
-    "target's budget (LibTorch 1.13)",
-    "[libtorch1.13]") {
+    "target's budget") {
   const std::string flags =
       demo_flags("--set train.batch_size=auto --set train.global_batch_size=8 --data");
   const json worst = estimate(flags + " --budget 64GiB");
@@ -220,8 +231,8 @@ CATCH_TEST_CASE(
   CATCH_REQUIRE(typical.is_object());
   CATCH_CHECK(typical["peak_bytes"]["max"].get<int64_t>() <= e["targets"][0]["budget_bytes"].get<int64_t>());
   CATCH_CHECK(typical["micro_batches"].get<int64_t>() > typical["steps"].get<int64_t>());
-  // Without a budget to size them by, each step is one micro-batch of all 8 packs.
-  const json unbounded = estimate(flags);
+  // With a budget far above them, each step is one micro-batch of all 8 packs.
+  const json unbounded = estimate(flags + " --budget 1024GiB");
   CATCH_CHECK(unbounded["typical"]["micro_batches"] == unbounded["typical"]["steps"]);
 }
 

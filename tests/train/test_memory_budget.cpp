@@ -112,11 +112,20 @@ CATCH_TEST_CASE("the learned budget survives the trainer state's JSON, older sta
   CATCH_REQUIRE_THROWS_WITH(trainer_state_from_json(j), Catch::Contains("learned_budget_bytes"));
 }
 
-CATCH_TEST_CASE("memory budget keeper: on LibTorch 2.x a fixed batch size gets no byte cap from "
-                "the 1.13 replay, batch_size auto keeps it") {
+CATCH_TEST_CASE(
+    "memory budget keeper: on LibTorch 2.x a fixed batch size gets no byte cap where "
+    "the replay follows 1.13 (bf16 products), batch_size auto keeps it") {
   memory::DeviceTarget torch2 = cpu();
-  torch2.torch = {2, 4};  // attention through fused kernels the replay does not follow
-  const Config fixed = tiny({"memory.simulate_device_bytes=200MiB", "train.batch_size=4"});
+  torch2.torch = {2, 11};
+  // fp32: the 2.x CPU replay, so the fixed batch size keeps its cap.
+  const Config fp32 =
+      tiny({"memory.simulate_device_bytes=200MiB", "train.batch_size=4", "train.precision=fp32"});
+  const MemoryPredictor fp32_predictor(fp32, 1, torch2);
+  CATCH_CHECK(MemoryBudgetKeeper(fp32, fp32_predictor, 0).planner_cap().bytes > 0);
+
+  // bf16 products on 2.x run in oneDNN, whose scratchpads the replay does not know.
+  const Config fixed =
+      tiny({"memory.simulate_device_bytes=200MiB", "train.batch_size=4", "train.precision=bf16"});
   const MemoryPredictor fixed_predictor(fixed, 1, torch2);
   const MemoryBudgetKeeper fixed_keeper(fixed, fixed_predictor, 0);
   CATCH_CHECK(fixed_keeper.planner_cap().bytes == 0);
@@ -124,7 +133,7 @@ CATCH_TEST_CASE("memory budget keeper: on LibTorch 2.x a fixed batch size gets n
   CATCH_CHECK_FALSE(fixed_keeper.heaviest(fixed, 4));  // the preflight measures instead
 
   const Config automatic = tiny({"memory.simulate_device_bytes=200MiB", "train.batch_size=auto",
-                                 "train.global_batch_size=8"});
+                                 "train.global_batch_size=8", "train.precision=bf16"});
   const MemoryPredictor auto_predictor(automatic, 1, torch2);
   const MemoryBudgetKeeper auto_keeper(automatic, auto_predictor, 0);
   CATCH_CHECK(auto_keeper.planner_cap().bytes == auto_keeper.usable_bytes());

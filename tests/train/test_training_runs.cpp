@@ -173,8 +173,7 @@ CATCH_TEST_CASE("out of memory with a single sample ends the run with its own ex
 
 CATCH_TEST_CASE(
     "a pack predicted above the device is refused before it runs, naming the "
-    "budget (LibTorch 1.13)",
-    "[libtorch1.13]") {
+    "budget") {
   // Told the truth, the planner refuses the pack that cannot fit, naming the budget. On 2.x a
   // fixed batch size gets no byte cap until the memory model replays 2.x (memory_budget.cpp).
   TempDir told;
@@ -214,8 +213,7 @@ CATCH_TEST_CASE("kill -9 and resume: the same final weights, every step trained 
 
 CATCH_TEST_CASE(
     "kill -9 and resume: every step's peak predicted to the byte, the resumed "
-    "process's first step included (LibTorch 1.13)",
-    "[libtorch1.13]") {
+    "process's first step included") {
   TempDir reference, killed;
   const std::vector<nlohmann::json> got = kill_and_resume(reference, killed).resumed;
   CATCH_REQUIRE(got.size() == 10);
@@ -406,16 +404,30 @@ int64_t check_predictions(const fs::path& out) {
 
 }  // namespace
 
-CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 variants (LibTorch 1.13)",
-                "[libtorch1.13]") {
+// On the LibTorch of this build: the CPU replay follows 1.13's and 2.x's kernels in fp32.
+CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 variants") {
   for (const std::string variant :
        {"", "--set model.vision_chunk_crops=3",
         "--set train.batch_size=1 --set train.gradient_accumulation_steps=3",
         "--set train.preflight=false --set model.loss_chunk_tokens=40",
         "--set model.checkpoint_language=true --set model.checkpoint_vision=true",
         "--set model.freeze_vision=true --set model.vision_chunk_crops=2",
-        "--set model.freeze_vision=true --set model.frozen_dtype=bf16",
-        "--set model.freeze_vision=true --set model.freeze_language=true",
+        "--set model.freeze_vision=true --set model.freeze_language=true"}) {
+    CATCH_INFO("variant: " << variant);
+    TempDir out;
+    require_ok(run_vlmtrain(run_args(out.path(), variant)));
+    check_predictions(out.path());
+  }
+}
+
+// Modules stored in bf16 run bf16 products, which LibTorch 2.x's oneDNN runs with scratchpads
+// the replay does not know yet (docs/memory-cpu-2x.md).
+CATCH_TEST_CASE(
+    "every step's predicted peak is the measured one, with frozen modules stored in bf16 "
+    "(LibTorch 1.13)",
+    "[libtorch1.13]") {
+  for (const std::string variant :
+       {"--set model.freeze_vision=true --set model.frozen_dtype=bf16",
         // LLaVA's first stage with the frozen towers stored in bf16.
         "--set model.freeze_vision=true --set model.freeze_language=true --set "
         "model.frozen_dtype=bf16",
@@ -478,8 +490,7 @@ CATCH_TEST_CASE("on 2 Gloo ranks every step's predicted peak is the measured one
 
 CATCH_TEST_CASE(
     "text-only first steps leave the image path's gradients for later, and every "
-    "step's predicted peak is still the measured one (LibTorch 1.13)",
-    "[libtorch1.13]") {
+    "step's predicted peak is still the measured one") {
   // Text-only samples ahead of the demo's, packed in stream order (one sample considered at a
   // time), seed 2: steps 1 and 2 carry no crop, so the ViT's and projector's gradients and
   // moments are created at step 3 (docs/memory.md, "The whole step"). Before, steps 1 to 3
@@ -507,9 +518,7 @@ CATCH_TEST_CASE(
   check_predictions(out.path());
 }
 
-CATCH_TEST_CASE(
-    "a device of the predicted peak fits every step, 2% less takes the OOM path (LibTorch 1.13)",
-    "[libtorch1.13]") {
+CATCH_TEST_CASE("a device of the predicted peak fits every step, 2% less takes the OOM path") {
   TempDir plain, exact, short_by_2;
   // A budget far above the simulated device, so that the planner keeps every micro-batch whole
   // and the cap alone decides (with the budget from the device, the planner would split the
@@ -588,8 +597,7 @@ std::string auto_batch(int64_t global, int64_t device) {
 
 CATCH_TEST_CASE(
     "batch_size auto under a simulated budget the fixed config exceeds: 50 steps, "
-    "no OOM, most of the budget used (LibTorch 1.13)",
-    "[libtorch1.13]") {
+    "no OOM, most of the budget used") {
   TempDir one, fixed, sized;
   require_ok(run_vlmtrain(run_args(one.path(), "--set train.batch_size=1 --set train.max_steps=2")));
   const int64_t device = three_pack_device(one.path());
@@ -599,7 +607,8 @@ CATCH_TEST_CASE(
       "estimate-memory --check" +
       run_args(fixed.path(), "--set train.batch_size=8 --set memory.simulate_device_bytes=" +
                                  std::to_string(device))
-          .substr(std::string("train").size()));
+          .substr(std::string("train").size()) +
+      " --set train.device=cpu");  // the CPU target (a CUDA build plans for its GPU)
   CATCH_INFO(check.output);
   CATCH_CHECK(check.exit_code == 6);
 

@@ -5,10 +5,11 @@
 // of a whole step over it, replayed allocation by allocation (memory/step_prediction.h; a
 // later step: gradients and moments exist). With --cuda GPU the step peak is the CUDA step
 // replay's on that catalog GPU with LibTorch 2.11 (memory/cuda_step.h: the request stream of a
-// warm-up step and the step, through the caching allocator's model): the device bytes.
+// warm-up step and the step, through the caching allocator's model): the device bytes. The
+// CPU replay follows LibTorch --torch (default: the reference, 2.11; 1.13 for its walk).
 //
 //   bench_memory [STREAM] [--preset NAME] [--batch-size B] [--precision fp32|bf16]
-//                [--checkpoint] [--peaks] [--cuda GPU] [--repeat R]
+//                [--checkpoint] [--peaks] [--cuda GPU] [--torch VERSION] [--repeat R]
 //
 // Prints predictions per second on one core and the distribution of the predicted bytes.
 #include <algorithm>
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   int repeat = 20;
   bool peaks = false;
   std::string cuda;
+  vlm::memory::TorchVersion torch = vlm::memory::kReferenceTorch;
   vlm::ModelLevers levers;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -69,7 +71,15 @@ int main(int argc, char** argv) {
       peaks = true;
     else if (arg == "--cuda")
       cuda = value();
-    else
+    else if (arg == "--torch") {
+      const std::string text = value();
+      const auto parsed = vlm::memory::parse_torch_version(text);
+      if (!parsed) {
+        std::fprintf(stderr, "error: --torch %s is not a LibTorch version\n", text.c_str());
+        return 2;
+      }
+      torch = *parsed;
+    } else
       path = arg;
   }
   std::vector<vlm::data::PackItem> stream;
@@ -90,8 +100,9 @@ int main(int argc, char** argv) {
   packer.finish();
   while (auto pack = packer.pop()) packs.push_back(std::move(*pack));
 
-  const auto spec = vlm::memory::memory_spec(vlm::spec::preset(preset), levers,
-                                             vlm::memory::compute_precision(precision));
+  auto spec = vlm::memory::memory_spec(vlm::spec::preset(preset), levers,
+                                       vlm::memory::compute_precision(precision));
+  spec.torch = torch;
   const size_t micro_batches = packs.size() / batch_size;
   std::vector<int64_t> predicted(micro_batches);
   std::vector<const Pack*> micro;

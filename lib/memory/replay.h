@@ -192,11 +192,12 @@ void rotary_projections(Timeline& t, const Lm& x);
 // Trained parameters in AdamW's order (language decay, language no-decay), in elements.
 std::vector<int64_t> language_parameters(const Lm& x);
 
-// RMSNorm on an fp32 input (language_model.cpp:33-37), as the trained decoder runs it in
-// either precision: forward from its input (live) to its output y (4ND, live on return);
-// backward from y's gradient (4ND, freed) to the input's (4ND, live on return). `residual`:
-// the input's gradient buffer already holds the residual branch's gradient; `checkpoint_input`
-// and `holds_incoming`: inside a checkpointed block's backward (replay_language.cpp).
+// RMSNorm on an fp32 input (language_model.cpp:33-37; replay_rms_norm.cpp), as the trained
+// decoder runs it in either precision on LibTorch 1.13: forward from its input (live) to its output
+// y (4ND, live on return); backward from y's gradient (4ND, freed) to the input's (4ND, live on
+// return). `residual`: the input's gradient buffer already holds the residual branch's gradient;
+// `checkpoint_input` and `holds_incoming`: inside a checkpointed block's backward
+// (replay_language.cpp).
 void rms_norm_forward(Timeline& t, const Lm& x);
 // The same without a graph (a checkpointed block's forward): only y stays.
 void rms_norm_forward_nograd(Timeline& t, const Lm& x);
@@ -205,11 +206,26 @@ void rms_norm_forward_frozen(Timeline& t, const Lm& x);
 void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
                        bool checkpoint_input = false, bool holds_incoming = false);
 
-// The same phases on LibTorch 2.x, fp32 (replay_language_2x.cpp).
+// down_proj, SiLU and the product backward, the same in both versions (replay_language.cpp).
+void swiglu_backward(Timeline& t, const Lm& x, bool keep);
+// A checkpointed block's backward: the recompute and autograd::grad around either version's
+// block (replay_language.cpp).
+void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step);
+
+// The same phases on LibTorch 2.x, fp32 (replay_language_2x.cpp), and its blocks: with a graph
+// (trained, or frozen with a gradient through it), without one, and the backward (`nested`:
+// inside a checkpointed block's autograd::grad).
 void language_forward_2x(Timeline& t, const Lm& x);
 void language_backward_2x(Timeline& t, const Lm& x, bool first_step);
+void block_forward_2x(Timeline& t, const Lm& x);
 void block_forward_nograd_2x(Timeline& t, const Lm& x);
+void block_backward_2x(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested);
+// RMSNorm on LibTorch 2.x (replay_rms_norm.cpp): forward (a frozen weight keeps no n) and
+// backward, `residual` as above (`held`: an outer node holds x's gradient buffer, so the first
+// addition is a new sum; `keeps_input`: the checkpoint keeps x).
 void rms_norm_forward_2x(Timeline& t, const Lm& x);
+void rms_norm_backward_2x(Timeline& t, const Lm& x, bool first_step, bool residual, bool held,
+                          bool keeps_input);
 
 // The same phases under bf16 autocast (replay_language_bf16.cpp).
 void language_forward_bf16(Timeline& t, const Lm& x);

@@ -50,45 +50,6 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
   return x;
 }
 
-// RMSNorm forward (language_model.cpp:33-37) on an fp32 input: x^2 (kept by MeanBackward1),
-// its mean, the mean + eps (with the wrapped eps), rsqrt (kept), x * r (kept); the mean and
-// mean + eps die at the end of the statement (:35). Then n * w, the output.
-void rms_norm_forward(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N;
-  t.alloc(hidden);                        // sq = x^2
-  t.transient(2 * row + kWrappedScalar);  // mean, wrapped eps, mean + eps
-  t.transient(3 * row + hidden);          // mean, mean + eps, r, n: the statement's top
-  t.alloc(row + hidden);                  // r and n stay (saved)
-  t.alloc(hidden);                        // y = n * w
-}
-
-// RMSNorm forward without a graph (inside a checkpointed block's forward): x^2, its mean, the
-// mean + eps, rsqrt and x * r, then the statement's temporaries die; n * w; n dies at return.
-void rms_norm_forward_nograd(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N;
-  t.alloc(hidden + row);  // x^2, its mean
-  t.alloc(kWrappedScalar + row);
-  t.free(kWrappedScalar);
-  t.alloc(row + hidden);         // rsqrt, x * r
-  t.free(hidden + 3 * row);      // x^2, mean, mean + eps, rsqrt
-  t.alloc(hidden);               // y = n * w
-  t.free(hidden);                // n
-}
-
-// RMSNorm forward with a frozen weight (a gradient still flows through it): x^2 and rsqrt kept
-// as when trained, but n (x * r) is kept by nobody (the frozen weight's product keeps the
-// weight only) and dies at return; y is kept by nobody either.
-void rms_norm_forward_frozen(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N;
-  t.alloc(hidden + row);  // x^2 (kept), its mean
-  t.alloc(kWrappedScalar + row);
-  t.free(kWrappedScalar);
-  t.alloc(row + hidden);  // rsqrt (kept), n
-  t.free(2 * row);        // mean, mean + eps
-  t.alloc(hidden);        // y = n * w
-  t.free(hidden);         // n
-}
-
 // q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
 // GCC evaluates `x * c + rotate_half(x) * s` right to left): the projection, rotate_half's
 // negated half (dying with its statement) and cat, rot * s, x * c and the sum are alive
@@ -215,56 +176,21 @@ void block_forward_nograd(Timeline& t, const Lm& x) {
 
 }  // namespace
 
-// RMSNorm backward (language_model.cpp:33-37), from the output's gradient `grad` (4ND, live):
-// the nodes in reverse order, each freeing what it saved once it has run; the norm's input x
-// (kept by pow and x * r only) is freed at the end.
-// On return the gradient of x (4ND) is live and `grad` has been freed. `residual`: x's
-// gradient buffer already holds the residual branch's gradient (decoder norms), so x's
-// gradients from the norm are added into it in place and freed.
-void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
-                       bool checkpoint_input, bool holds_incoming) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N, weight = e * x.D;
-  // MulBackward0 (n * w): grad * w first, then grad * n summed to [D] (both live for a moment).
-  // A frozen weight: grad * w alone (n was not kept).
-  t.alloc(hidden);
-  if (x.frozen) {
-    t.free(hidden);  // its input gradient
-  } else {
-    t.transient(hidden + weight);
-    t.alloc(weight);
-    t.free(hidden + hidden);  // its input gradient and the kept n
-    accumulate_grad(t, weight, first_step);
-  }
-  // MulBackward0 (x * r): grad * r, then grad * x summed to [N, 1].
-  t.alloc(hidden);
-  t.transient(hidden + row);
-  t.alloc(row);
-  t.free(hidden);  // grad of n
-  // grad * r, added into x's gradient buffer (old + new): the old one dies unless a caller
-  // still holds it (`nested`: a checkpointed block's output gradient, held by the outer node).
-  if (residual && !holds_incoming) t.free(hidden);
-  // RsqrtBackward0: -0.5 * grad * r^3 (three [N, 1] temporaries at the top), then r is freed.
-  t.transient(2 * row);
-  t.alloc(row);
-  t.free(row + row);  // grad of r, r
-  // MeanBackward1: grad.expand(x^2) / D (4ND; the divisor wrapped), then x^2 is freed.
-  t.transient(hidden + 12);
-  t.alloc(hidden);
-  t.free(hidden + row);  // x^2, the grad of the mean
-  // PowBackward0: grad * 2 * x^1 (three 4ND at the top); added in place into x's gradient.
-  // Then x itself is freed: only this norm kept it (the residual's add keeps nothing).
-  if (checkpoint_input) {
-    // A checkpointed block's input is the checkpoint's (released later); autograd::grad
-    // captures its gradient: the pow's result plus the residual's, summed out of place.
-    t.alloc(3 * hidden);
-    t.free(2 * hidden);  // the two temporaries
-    t.free(hidden);      // grad of x^2
-    t.alloc(hidden);     // the sum
-    t.free(2 * hidden);  // its addends
-  } else {
-    t.transient(3 * hidden);
-    t.free(hidden + hidden);  // grad of x^2, x
-  }
+// down's MmBackward0 (the product's gradient, 4NF, and W_down's; the kept product is
+// released), MulBackward0 (silu * up: both factors' gradients; then its input gradient and the
+// kept silu output and up projection die), SiluBackward0 (one 4NF; then silu's gradient and
+// the kept gate projection die): the same in 1.13 and 2.x. On return the gate projection's
+// gradient (4NF) is live.
+void swiglu_backward(Timeline& t, const Lm& x, bool keep) {
+  const int64_t mlp = e * x.N * x.F;
+  const int64_t w = x.frozen ? 0 : e, kept_input = x.frozen ? 0 : 1;
+  t.alloc(mlp + w * x.D * x.F);
+  t.free(kept_input * mlp);
+  accumulate_grad(t, w * x.D * x.F, keep);
+  t.alloc(2 * mlp);
+  t.free(3 * mlp);
+  t.alloc(mlp);
+  t.free(2 * mlp);
 }
 
 namespace {
@@ -281,17 +207,7 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
   // y2, the product): the weights' bytes and those releases are 0.
   const int64_t w = x.frozen ? 0 : e, kept_input = x.frozen ? 0 : 1;
   // MLP (:95). AddBackward0 (out = h + down) hands g to both h and down, allocating nothing.
-  // down's MmBackward0: grad of the product (4NF) and of W_down; the product is released.
-  t.alloc(mlp + w * x.D * x.F);
-  t.free(kept_input * mlp);
-  accumulate_grad(t, w * x.D * x.F, keep);
-  // MulBackward0 (silu * up): both factors' gradients; then its input gradient and the kept
-  // silu output and up projection are freed.
-  t.alloc(2 * mlp);
-  t.free(3 * mlp);
-  // SiluBackward0: one 4NF; then silu's gradient and the kept gate projection are freed.
-  t.alloc(mlp);
-  t.free(2 * mlp);
+  swiglu_backward(t, x, keep);
   // up's and gate's MmBackward0: y2's gradient (4ND) and the weight's; then their input
   // gradients; after the second, y2 is released and the two y2 gradients are summed in place.
   for (int k = 0; k < 2; ++k) {
@@ -385,89 +301,36 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
                     /*checkpoint_input=*/nested);  // norm1
 }
 
+}  // namespace
+
 // A checkpointed block's backward (activation_checkpoint.cpp:67-102), from its output's
 // gradient: the RNG state the recompute replaces (restored after it), the recompute with a
 // graph, then autograd::grad over it, which holds every parameter gradient of the block until
 // it returns (captured, not accumulated); the block input is the checkpoint's, released after.
+// The same frame in LibTorch 1.13 and 2.x around their own blocks.
 void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step) {
   const int64_t hidden = e * x.N * x.D;
   const int64_t parameters =
       x.frozen ? 0 : e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
   t.alloc(kCpuRngStateBytes);
-  if (x.frozen) {
+  if (x.torch2) {
+    block_forward_2x(t, x);
+  } else if (x.frozen) {
     block_forward_frozen(t, x);
   } else {
     block_forward(t, x);
   }
   t.free(kCpuRngStateBytes);
-  block_backward(t, x, first_step, /*first_block=*/false, /*nested=*/true);
+  if (x.torch2) {
+    block_backward_2x(t, x, first_step, /*first_block=*/false, /*nested=*/true);
+  } else {
+    block_backward(t, x, first_step, /*first_block=*/false, /*nested=*/true);
+  }
   t.free(hidden);  // the recomputed output
   t.free(hidden);  // the output's gradient, with the node's inputs
   t.free(hidden);  // the saved input
   if (!first_step) t.free(parameters);
 }
-
-// The chunked loss's backward (token_loss.cpp:38-47), from the root gradient: the chunks last
-// first, each a CheckpointFunction: the RNG state saved around the recompute, the recompute
-// with a graph (logits, the kept log-probabilities, loss and total weight; the logits die with
-// the closure's return), then autograd::grad over it: NLL's and log-softmax's gradients, the
-// head's mm (the chunk rows' gradient and the head's); the chunk's kept bytes die with the
-// recomputed graph. The chunk rows' gradient goes through the narrow's SliceBackward0 (zeros
-// [Ns, D] and a copy) into the rows' buffer; the head's gradient waits in the embedding's
-// AccumulateGrad buffer; later chunks' are summed into both out of place. The last chunk
-// releases the rows. Then `hidden.sum() * 0.0` (MulBackward1: 4 B) passes a stride-0
-// gradient to the final norm before IndexSelectBackward0 scatters the rows' gradient into
-// zeros [N, D] (4ND); the rows' gradient and the positions die, and the two gradients of the
-// final norm's output are summed out of place.
-void chunked_loss_backward(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t head = x.frozen ? 0 : e * x.V * x.D, hidden = e * x.N * x.D,
-                rows = e * x.Ns * x.D;
-  for (size_t k = x.loss_chunks.size(); k-- > 0;) {
-    const int64_t logits = e * x.loss_chunks[k] * x.V, chunk_rows = e * x.loss_chunks[k] * x.D;
-    const bool first_processed = k + 1 == x.loss_chunks.size();
-    t.alloc(kCpuRngStateBytes);  // the state the recompute replaces, restored after it
-    t.alloc(2 * logits + 4 + 4);  // logits, log-probabilities, loss, total weight
-    t.free(logits);
-    t.free(kCpuRngStateBytes);
-    t.alloc(logits);          // NLL's gradient
-    t.free(4);                // the total weight
-    t.alloc(logits);          // log-softmax's gradient
-    t.free(2 * logits);       // NLL's gradient, the log-probabilities
-    t.alloc(chunk_rows + head);
-    t.free(logits);  // log-softmax's gradient
-    t.free(4);       // the recomputed loss
-    if (k == 0) t.free(rows);  // the last chunk releases the rows (every chunk kept a view)
-    // LibTorch 1.13's InputBuffer sums out of place (old + new, then both die): the head's
-    // gradient into the embedding's buffer as the node returns, then the SliceBackward0
-    // result into the rows' buffer. 2.x adds in place into a buffer it owns alone: the head's
-    // from the third chunk processed on (the first buffered one is the mm's transposed view,
-    // summed out of place), the rows' from the second.
-    const size_t processed = x.loss_chunks.size() - 1 - k;
-    if (!first_processed) {
-      if (!x.torch2 || processed == 1) t.transient(head);
-      t.free(head);
-    }
-    // An untied head's AccumulateGrad runs once the last chunk's gradient is in its buffer.
-    if (k == 0 && !x.tied && !x.frozen) accumulate_grad(t, head, first_step);
-    t.alloc(rows);  // SliceBackward0
-    t.free(chunk_rows);
-    if (!first_processed) {
-      if (!x.torch2) t.transient(rows);
-      t.free(rows);
-    }
-  }
-  // MulBackward1 of `* 0.0`: wrapped scalars (24 B at the top), then its 4 B gradient, which
-  // SumBackward0 expands (a stride-0 view) into the final norm's buffer.
-  t.transient(24);
-  t.alloc(4);
-  t.free(4);                // the loss's gradient: its last user has run
-  t.alloc(hidden);          // IndexSelectBackward0: zeros [N, D] + index_add
-  t.free(rows + 8 * x.Ns);  // the rows' gradient, the positions
-  t.alloc(hidden);          // the final norm's buffer: stride-0 + dense, out of place
-  t.free(4 + hidden);
-}
-
-}  // namespace
 
 // The decoder's and the loss's forward; `t.live` gains their saved bytes (saved_activations,
 // checked by the test).
@@ -487,23 +350,6 @@ void decoder_prologue(Timeline& t, const Lm& x) {
   t.transient(3 * 8 * x.N + kWrappedScalar);
   t.transient(e * x.N * x.hd / 2 + e * x.N * x.hd + tables);
   t.alloc(tables);
-}
-
-// The supervised mask (bool, until return), the positions and targets (int64) and the rows
-// (the stream's dtype: bf16 in a decoder stored in bf16); then TokenLoss{(hidden.sum() *
-// 0.0).to(kFloat), supervised.sum()} (:30): the sum and the product (bf16 ones converted to
-// fp32 in a decoder stored in bf16; the wrapped 0.0 comes and goes), then supervised.sum()
-// casts the mask to int64 (8N) beside the count it returns while the sum is still a
-// temporary of the statement: the top of the preparation, the peak when Ns V is small.
-void loss_preparation(Timeline& t, const Lm& x) {
-  const int64_t row_bytes = x.bf16_storage ? 2 : e;
-  const int64_t zero_temporaries = x.bf16_storage ? 2 + 2 : 4;
-  t.alloc(x.N);
-  t.alloc(8 * x.Ns + row_bytes * x.Ns * x.D + 8 * x.Ns);
-  t.alloc(zero_temporaries + 4);
-  t.alloc(8 * x.N);
-  t.alloc(8);
-  t.free(8 * x.N + zero_temporaries);
 }
 
 namespace {
@@ -540,33 +386,6 @@ void language_forward_no_graph(Timeline& t, const Lm& x) {
 }
 
 }  // namespace
-
-void loss_forward(Timeline& t, const Lm& x) {
-  // Loss (token_loss.cpp:23-36): its preparation (the positions, targets and rows kept),
-  // then logits and log-probabilities together (the logits local lives until
-  // summed_cross_entropy returns), NLL's loss and total weight.
-  loss_preparation(t, x);
-  if (x.loss_chunks.empty()) {
-    t.alloc(e * x.Ns * x.V);               // logits
-    t.alloc(e * x.Ns * x.V);               // log-probabilities, kept
-    t.alloc(4 + 4);                        // loss, total weight
-    t.free(e * x.Ns * x.V);                // logits
-    t.free(4);                             // the zero loss, replaced
-    if (x.frozen) t.free(e * x.Ns * x.D);  // the rows, kept by nobody (a frozen head)
-  } else {
-    // Each chunk is checkpointed (token_loss.cpp:38-47): the CPU generator's state is kept;
-    // the cross-entropy runs without a graph, so its logits, log-probabilities and total
-    // weight die at once and only the chunk's loss (4 B) comes out; `loss.sum + chunk_sum`
-    // then replaces the running sum and the chunk's loss dies.
-    for (const int64_t rows : x.loss_chunks) {
-      t.alloc(kCpuRngStateBytes);
-      t.alloc(2 * e * rows * x.V + 4 + 4);
-      t.free(2 * e * rows * x.V + 4);
-      t.alloc(4);
-      t.free(4 + 4);
-    }
-  }
-}
 
 void language_forward(Timeline& t, const Lm& x) {
   if (x.no_graph) {
@@ -621,36 +440,6 @@ std::vector<int64_t> language_parameters(const Lm& x) {
   return numel;
 }
 
-void loss_backward(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t logits = e * x.Ns * x.V, rows = e * x.Ns * x.D, head = e * x.V * x.D;
-  const int64_t hidden = e * x.N * x.D;
-  if (x.loss_chunks.empty()) {
-    // NllLossBackward0: zeros_like(log-probabilities) scattered; then the targets (int64) and
-    // the total weight are released, and its input, the loss's gradient.
-    t.alloc(logits);
-    t.free(8 * x.Ns + 4);
-    t.free(4);
-    // LogSoftmaxBackward0: its gradient beside NLL's and the kept log-probabilities; then both
-    // of those are freed.
-    t.alloc(logits);
-    t.free(2 * logits);
-    // The head's MmBackward0: the rows' gradient and the head's (column-major, viewed back by
-    // TBackward0); then the logits' gradient and the kept rows are freed. The tied head's
-    // gradient waits in the embedding's AccumulateGrad input buffer, which runs only after
-    // EmbeddingBackward0, the last node: 4VD held through the whole backward.
-    t.alloc(rows + (x.frozen ? 0 : head));
-    t.free(logits + (x.frozen ? 0 : rows));
-    // An untied head's gradient reaches its own AccumulateGrad at once.
-    if (!x.tied && !x.frozen) accumulate_grad(t, head, first_step);
-    // IndexSelectBackward0 (token_loss.cpp:26): zeros [N, D] + index_add; then the rows'
-    // gradient and the positions (int64) are freed.
-    t.alloc(hidden);
-    t.free(rows + 8 * x.Ns);
-  } else {
-    chunked_loss_backward(t, x, first_step);
-  }
-}
-
 // Backward of the loss, the head and the final norm, then the blocks, last first.
 void language_backward(Timeline& t, const Lm& x, bool first_step) {
   if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);
@@ -666,27 +455,6 @@ void language_backward(Timeline& t, const Lm& x, bool first_step) {
     t.repeat(x.Ll - 1, [&](Timeline& block) { block_backward(block, x, first_step, false); });
     block_backward(t, x, first_step, /*first_block=*/true);
   }
-}
-
-// Now live: the gradients stolen so far (first step), a tied head's buffered gradient, the
-// token embeddings' gradient, the forward's outputs (12 B) and NLL's 4 B root gradient buffer.
-// EmbeddingBackward0 (runs last): zeros [V, D] + index_add; its input is freed; the engine's
-// InputBuffer then adds it to a tied head's buffered gradient (out of place): three V x D
-// tensors at once. AccumulateGrad then steals the result (first step) or adds it in place.
-void embedding_backward(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t head = e * x.V * x.D, hidden = e * x.N * x.D;
-  t.alloc(head);
-  t.free(hidden);
-  // LibTorch 2.x adds it in place when the buffered head gradient is a sum of loss chunks
-  // (owned alone) rather than the unchunked head's transposed view.
-  const bool in_place = x.torch2 && !x.loss_chunks.empty();
-  if (x.tied && in_place) {
-    t.free(head);
-  } else if (x.tied) {
-    t.alloc(head);
-    t.free(2 * head);
-  }
-  accumulate_grad(t, head, first_step);
 }
 
 }  // namespace vlm::memory::replay

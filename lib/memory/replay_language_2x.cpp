@@ -17,77 +17,6 @@
 
 namespace vlm::memory::replay {
 
-namespace {
-
-// The mean's division by D and `+ eps`: each a wrapped scalar and its fp32 copy (12 B).
-constexpr int64_t kScalarPair = 12;
-
-}  // namespace
-
-// RMSNorm forward (language_model.cpp RMSNormImpl::forward) on an fp32 input: x^2 and its
-// mean, `+ eps`, rsqrt (kept), x * r (kept when the weight is trained), then the sum, the mean
-// and x^2 die; y = n * w. A frozen weight keeps neither n nor y: n dies at return.
-void rms_norm_forward_2x(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N;
-  t.alloc(hidden + row);
-  t.transient(kScalarPair);
-  t.alloc(kScalarPair + row);
-  t.free(kScalarPair);
-  t.alloc(row + hidden);
-  t.free(2 * row + hidden);
-  t.alloc(hidden);
-  if (x.frozen) t.free(hidden);
-}
-
-// Its backward from y's gradient (4ND, live; freed) to x's. `residual`: x's gradient buffer
-// holds the residual branch's gradient, into which grad * r and the pow's gradient are added
-// in place (`held`: an outer node also holds that buffer, so the first addition is a new sum);
-// without it (the final norm) grad * r becomes x's buffer. x itself, kept by pow and x * r
-// only, dies at the end unless the checkpoint keeps it (`keeps_input`).
-void rms_norm_backward_2x(Timeline& t, const Lm& x, bool first_step, bool residual, bool held,
-                          bool keeps_input) {
-  const int64_t hidden = e * x.N * x.D, row = e * x.N, weight = e * x.D;
-  // MulBackward0 (n * w): grad * n summed to [D] (a trained weight), grad * w; then the
-  // incoming gradient and n die.
-  if (x.frozen) {
-    t.alloc(hidden);
-    t.free(hidden);
-  } else {
-    t.alloc(2 * hidden + weight);
-    t.free(hidden);
-    t.free(2 * hidden);
-    accumulate_grad(t, weight, first_step);
-  }
-  // MulBackward0 (x * r): grad * x summed to [N, 1], grad * r; the incoming gradient dies.
-  t.alloc(2 * hidden + row);
-  t.free(2 * hidden);
-  if (residual) {
-    if (held) {
-      t.alloc(hidden);  // the new sum beside the held buffer
-    }
-    t.free(hidden);  // grad * r, added into x's buffer
-  }
-  // RsqrtBackward0: -0.5 * grad * r^3 (r^3, a wrapped scalar, two products); then its
-  // temporaries, the incoming gradient and r die.
-  t.alloc(row + kScalarPair + row);
-  t.free(kScalarPair);
-  t.alloc(row);
-  t.free(2 * row);
-  t.free(2 * row);
-  // MeanBackward1: grad.expand / D; the incoming gradient dies (x^2 was not kept).
-  t.transient(kScalarPair);
-  t.alloc(hidden);
-  t.free(row);
-  // PowBackward0: x^1, * 2 (a wrapped scalar), * grad; the temporaries, the incoming gradient
-  // and x die; the result is added into x's buffer in place.
-  t.alloc(2 * hidden + kScalarPair);
-  t.free(kScalarPair);
-  t.alloc(hidden);
-  t.free(3 * hidden);
-  if (!keeps_input) t.free(hidden);
-  t.free(hidden);
-}
-
 int64_t flash_q_split(int64_t L) {
   return std::min<int64_t>(L, L >= 768 ? 256 : L >= 192 ? 64 : 32);
 }
@@ -193,12 +122,14 @@ void attention_block_forward(Timeline& t, const Lm& x, bool graph) {
   if (!graph) t.free(hidden);  // the context (kept by out_proj only with a graph)
 }
 
+}  // namespace
+
 // One decoder block with a graph (language_model.cpp:105-110): trained, or frozen with a
 // gradient flowing through it (its linears keep no input, its norms no n).
-void block_forward(Timeline& t, const Lm& x) {
+void block_forward_2x(Timeline& t, const Lm& x) {
   const int64_t hidden = e * x.N * x.D, mlp = e * x.N * x.F;
   rms_norm_forward_2x(t, x);
-  attention_block_forward(t, x, true);
+  attention_block_forward(t, x, /*graph=*/true);
   if (x.frozen) t.free(hidden);  // the context: kept by a trained out_proj only
   t.alloc(hidden);               // h = x + o, kept by norm2
   t.free(hidden);                // o
@@ -211,8 +142,6 @@ void block_forward(Timeline& t, const Lm& x) {
   t.free(hidden);                // down
   if (x.frozen) t.free(hidden);  // y2
 }
-
-}  // namespace
 
 // One block without a graph (a checkpointed block's forward).
 void block_forward_nograd_2x(Timeline& t, const Lm& x) {
@@ -244,24 +173,18 @@ void rotary_backward(Timeline& t, const Lm& x, int64_t width, bool frees_tables)
   t.free(width + width / 2 + width);
 }
 
+}  // namespace
+
 // One block's backward from its output's gradient G (4ND, live: the residual's buffer, kept
 // live: on return it holds the block input's gradient). `nested`: inside a checkpointed
 // block's autograd::grad, where the outer node holds G and the parameter gradients are
 // captured (kept) until it returns.
-void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested) {
+void block_backward_2x(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested) {
   const bool keep = first_step || nested;
   const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
   const bool gqa = x.Hkv < x.Hq;
   const int64_t w = x.frozen ? 0 : e, kept_input = x.frozen ? 0 : 1;
-  // down's MmBackward0: W_down's gradient, the product's; the kept product dies.
-  t.alloc(w * x.D * x.F + mlp);
-  t.free(kept_input * mlp);
-  accumulate_grad(t, w * x.D * x.F, keep);
-  // MulBackward0 (silu * up), SiluBackward0.
-  t.alloc(2 * mlp);
-  t.free(3 * mlp);
-  t.alloc(mlp);
-  t.free(2 * mlp);
+  swiglu_backward(t, x, keep);
   // gate's, then up's MmBackward0; y2's second gradient is summed out of place (the first is
   // a view), before up's weight gradient reaches its AccumulateGrad.
   t.alloc(w * x.D * x.F + hidden);
@@ -309,26 +232,6 @@ void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
   rms_norm_backward_2x(t, x, keep, /*residual=*/true, /*held=*/false, /*keeps_input=*/nested);
 }
 
-// A checkpointed block's backward (activation_checkpoint.cpp), from its output's gradient: the
-// RNG state the recompute replaces, the recompute with a graph, autograd::grad over it (the
-// block's parameter gradients captured until it returns, the input's gradient a new tensor);
-// then the recomputed output, the output's gradient and the saved input die.
-void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t hidden = e * x.N * x.D;
-  const int64_t parameters =
-      x.frozen ? 0 : e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
-  t.alloc(kCpuRngStateBytes);
-  block_forward(t, x);
-  t.free(kCpuRngStateBytes);
-  block_backward(t, x, first_step, /*first_block=*/false, /*nested=*/true);
-  t.free(hidden);  // the recomputed output
-  t.free(hidden);  // the output's gradient, with the node's inputs
-  t.free(hidden);  // the saved input
-  if (!first_step) t.free(parameters);
-}
-
-}  // namespace
-
 void language_forward_2x(Timeline& t, const Lm& x) {
   const int64_t hidden = e * x.N * x.D;
   decoder_prologue(t, x);
@@ -337,7 +240,7 @@ void language_forward_2x(Timeline& t, const Lm& x) {
       block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
       block_forward_nograd_2x(block, x);
     } else {
-      block_forward(block, x);
+      block_forward_2x(block, x);
     }
   });
   rms_norm_forward_2x(t, x);  // the final norm
@@ -355,9 +258,9 @@ void language_backward_2x(Timeline& t, const Lm& x, bool first_step) {
     t.repeat(x.Ll, [&](Timeline& block) { checkpointed_block_backward(block, x, first_step); });
   } else {
     t.repeat(x.Ll - 1, [&](Timeline& block) {
-      block_backward(block, x, first_step, /*first_block=*/false, /*nested=*/false);
+      block_backward_2x(block, x, first_step, /*first_block=*/false, /*nested=*/false);
     });
-    block_backward(t, x, first_step, /*first_block=*/true, /*nested=*/false);
+    block_backward_2x(t, x, first_step, /*first_block=*/true, /*nested=*/false);
   }
 }
 

@@ -232,6 +232,24 @@ void language_forward_bf16(Timeline& t, const Lm& x);
 // The decoder and the loss without a graph (Lm::no_graph), under autocast or stored in bf16.
 void language_forward_no_graph_bf16(Timeline& t, const Lm& x);
 void language_backward_bf16(Timeline& t, const Lm& x, bool first_step);
+// Pieces the backward (replay_language_bf16_backward.cpp) shares with the forward: a trained
+// (or bf16-stored) block, and summed_cross_entropy over `rows` rows (`graph`: kept for a
+// backward, else its copies die).
+void block_forward_bf16(Timeline& t, const Lm& x);
+// Whether a [batch, rows, cols] per-head view is copied before a oneDNN product: heads of one
+// segment are strided unless the view is the whole of a contiguous tensor.
+struct HeadLayout {
+  bool q_copied, kv_copied;
+};
+inline HeadLayout head_layout(const Lm& x, int64_t L) {
+  const bool gqa = x.Hkv < x.Hq;
+  // q (and k, v without GQA) keep the projection's token-major layout: strided over heads.
+  // GQA's keys and values are contiguous per head: strided only when a segment is a part.
+  const bool q_copied = x.Hq > 1;
+  const bool kv_copied = gqa ? !(x.B == 1 && L == x.N) : x.Hq > 1;
+  return {q_copied, kv_copied};
+}
+void cross_entropy_forward_bf16(Timeline& t, const Lm& x, int64_t rows, bool graph);
 
 // --- vision (replay_vision.cpp) ------------------------------------------------------------
 // The ViT and the projector over every chunk (and the concatenation of the chunks' outputs):

@@ -33,10 +33,8 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
   // oneDNN, whose scratchpads are not replayed yet: they keep 1.13's walk (docs/memory.md).
   x.torch2 = spec.torch.at_least(2, 0) && !x.bf16 && !x.bf16_storage;
   if (x.torch2) {
-    for (const spec::SegmentGroup& g : spec::group_segments(b.segment_lengths)) {
-      int64_t real = 0;
-      for (const int64_t s : g.segments) real += b.segment_lengths[static_cast<size_t>(s)];
-      x.groups.push_back({static_cast<int64_t>(g.segments.size()), g.padded, real});
+    for (const spec::GroupShape& g : spec::group_shapes(b.segment_lengths)) {
+      x.groups.push_back({g.segments, g.padded, g.tokens});
     }
   }
   x.no_graph = !spec.language.trainable &&

@@ -1,6 +1,7 @@
 #include "spec/attention_groups.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 namespace vlm::spec {
@@ -21,11 +22,24 @@ std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths) {
   return groups;
 }
 
+std::vector<GroupShape> group_shapes(std::vector<int64_t> lengths) {
+  std::sort(lengths.begin(), lengths.end(), std::greater<>());
+  std::vector<GroupShape> groups;
+  for (const int64_t length : lengths) {
+    // The same rule as group_segments: equal lengths are interchangeable, so sorting the
+    // lengths gives its groups' shapes.
+    if (groups.empty() || 2 * length * length < groups.back().padded * groups.back().padded) {
+      groups.push_back(GroupShape{0, length, 0});
+    }
+    ++groups.back().segments;
+    groups.back().tokens += length;
+  }
+  return groups;
+}
+
 int64_t padded_tokens(const std::vector<int64_t>& lengths) {
   int64_t rows = 0;
-  for (const SegmentGroup& g : group_segments(lengths)) {
-    rows += static_cast<int64_t>(g.segments.size()) * g.padded;
-  }
+  for (const GroupShape& g : group_shapes(lengths)) rows += g.segments * g.padded;
   return rows;
 }
 

@@ -17,6 +17,13 @@ struct SegmentGroup {
   int64_t padded = 0;
 };
 std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths);
+// What a group is to the memory model: `segments` segments padded to `padded` tokens, of
+// `tokens` real ones, in group_segments' order. Computed from the sorted lengths alone (no
+// segment lists): the memory model asks for it millions of times.
+struct GroupShape {
+  int64_t segments = 0, padded = 0, tokens = 0;
+};
+std::vector<GroupShape> group_shapes(std::vector<int64_t> lengths);
 // The rows the grouped calls attend over: each group's segments times its padded length.
 int64_t padded_tokens(const std::vector<int64_t>& lengths);
 

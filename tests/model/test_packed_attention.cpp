@@ -78,27 +78,6 @@ CATCH_TEST_CASE("a packed sample's outputs have exactly zero gradient outside it
   CATCH_CHECK(grad.index({outside_mask}).abs().max().item<double>() == 0.0);
 }
 
-CATCH_TEST_CASE("segment groups: longest first, padding at most doubles a segment's work") {
-  const std::vector<int64_t> lengths{5, 100, 3, 71, 70, 1, 40, 100};
-  const auto groups = spec::group_segments(lengths);
-  std::vector<int64_t> seen;
-  for (const auto& g : groups) {
-    CATCH_REQUIRE(!g.segments.empty());
-    CATCH_CHECK(lengths[static_cast<size_t>(g.segments.front())] == g.padded);
-    for (const int64_t s : g.segments) {
-      const int64_t len = lengths[static_cast<size_t>(s)];
-      CATCH_CHECK(len <= g.padded);
-      CATCH_CHECK(2 * len * len >= g.padded * g.padded);
-      seen.push_back(s);
-    }
-  }
-  std::sort(seen.begin(), seen.end());
-  CATCH_CHECK(seen == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
-  // 100, 100, 71 (2 * 71^2 >= 100^2) | 70 (2 * 70^2 < 100^2) | 40 | 5 | 3 | 1.
-  CATCH_CHECK(groups[0].segments == std::vector<int64_t>{1, 7, 3});
-  CATCH_CHECK(groups[1].padded == 70);
-}
-
 CATCH_TEST_CASE("the grouped causal path equals the per-segment masked path, values and "
                 "gradients") {
   torch::manual_seed(7);

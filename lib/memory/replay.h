@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "memory/batch_shape.h"
+#include "memory/cpu_kernels.h"
 #include "memory/memory_spec.h"
 
 namespace vlm::memory::replay {
@@ -145,25 +146,6 @@ struct Vit {
   std::vector<int64_t> chunks() const;  // crops per chunk, in forward order
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
-
-// The scratchpad oneDNN allocates, through LibTorch's allocator, for the duration of one bf16
-// matrix product on the CPU (onednn_scratch.cpp): `batch` products (0: one 2-D mm, as a linear
-// folds its input to) of [M, K] x [K, N]; `a_transposed`, `b_transposed`: the operand is a
-// transposed view of a contiguous tensor. Zero when ATen runs the product natively: on a CPU
-// without oneDNN's bf16 kernels (`onednn` false), or below their minimum size.
-int64_t bf16_matmul_scratch(bool onednn, int64_t threads, int64_t batch, int64_t M, int64_t K,
-                            int64_t N, bool a_transposed, bool b_transposed);
-// Whether ATen hands a bf16 product of `batch` (0: one 2-D mm) [M, K] x [K, N] to oneDNN: on
-// a CPU with its bf16 kernels, above 16^3 multiply-adds (1.13's use_mkldnn_bf16_matmul).
-bool onednn_bf16_product(bool onednn, int64_t batch, int64_t M, int64_t K, int64_t N);
-
-// _scaled_dot_product_flash_attention_for_cpu's transient buffers (LibTorch 2.x) for a query
-// length L: the forward's (`threads` intra-op threads, head size hd) and the backward's over
-// `calls` x `heads` sequences (its per-thread `dsum` once per thread that gets work).
-int64_t flash_forward_buffer(int64_t threads, int64_t L, int64_t hd, bool bf16);
-int64_t flash_backward_buffer(int64_t threads, int64_t calls, int64_t heads, int64_t L, bool bf16);
-// Its query block for a query length L: min(L, 256 from L = 768, 64 from 192, else 32).
-int64_t flash_q_split(int64_t L);
 
 // --- language (replay_language.cpp) --------------------------------------------------------
 // segment_ids and the RoPE tables, before the blocks: cos and sin (4 N hd each) live on return.
@@ -356,7 +338,7 @@ inline void layer_norm_forward(Timeline& t, const Chunk& c) { t.alloc(c.X + 2 * 
 // residual's gradient); the weight and bias gradients have reached their AccumulateGrad.
 inline void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
                          bool frees_input = true) {
-  const int64_t buffer = e * 2 * v.threads * v.d;
+  const int64_t buffer = layer_norm_backward_buffer(v.threads, v.d);
   t.alloc(c.X + 2 * e * v.d);
   t.transient(buffer);
   t.free(c.X);  // the output's gradient

@@ -416,28 +416,6 @@ void language_forward(Timeline& t, const Lm& x) {
   t.free(hidden);           // hidden
 }
 
-// Language decay (optimizer.cpp: every block's linear weights, mlp then attn as registered,
-// then an untied head), then language no-decay (the token embedding, which the tied head
-// shares, every block's two norm weights, the final norm).
-std::vector<int64_t> language_parameters(const Lm& x) {
-  std::vector<int64_t> numel;
-  if (x.frozen) return numel;
-  for (int64_t i = 0; i < x.Ll; ++i) {
-    for (const int64_t n :
-         {x.F * x.D, x.F * x.D, x.D * x.F, x.D * x.D, x.Dkv * x.D, x.Dkv * x.D, x.D * x.D}) {
-      numel.push_back(n);
-    }
-  }
-  if (!x.tied) numel.push_back(x.V * x.D);
-  numel.push_back(x.V * x.D);
-  for (int64_t i = 0; i < x.Ll; ++i) {
-    numel.push_back(x.D);
-    numel.push_back(x.D);
-  }
-  numel.push_back(x.D);
-  return numel;
-}
-
 // Backward of the loss, the head and the final norm, then the blocks, last first.
 void language_backward(Timeline& t, const Lm& x, bool first_step) {
   if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);

@@ -370,23 +370,4 @@ void vision_backward(Timeline& t, const Vit& v, bool first_step) {
   }
 }
 
-std::vector<int64_t> vision_parameters(const Vit& v, bool vision, bool projector) {
-  std::vector<int64_t> numel;
-  if (vision) {
-    numel.push_back(v.d * v.patch_values);  // vision decay: the kernel,
-    for (int64_t i = 0; i < v.Lv; ++i) {     // each block's qkv, out, fc1, fc2
-      for (const int64_t n : {3 * v.d * v.d, v.d * v.d, v.m * v.d, v.d * v.m}) numel.push_back(n);
-    }
-    numel.push_back(v.P * v.d);  // vision no-decay: the positions, the kernel's bias,
-    numel.push_back(v.d);
-    for (int64_t i = 0; i < v.Lv; ++i) {  // each block's ln1, qkv and out biases, ln2, fc1, fc2
-      for (const int64_t n : {v.d, v.d, 3 * v.d, v.d, v.d, v.d, v.m, v.d}) numel.push_back(n);
-    }
-    numel.push_back(v.d);  // the final LayerNorm
-    numel.push_back(v.d);
-  }
-  if (projector) numel.push_back(v.D * v.Dp);  // projector (decay)
-  return numel;
-}
-
 }  // namespace vlm::memory::replay

@@ -210,11 +210,10 @@ void swiglu_backward(Timeline& t, const Lm& x, bool keep);
 // block (replay_language.cpp).
 void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step);
 
-// The same phases on LibTorch 2.x, fp32 (replay_language_2x.cpp), and its blocks: with a graph
-// (trained, or frozen with a gradient through it), without one, and the backward (`nested`:
-// inside a checkpointed block's autograd::grad).
-void language_forward_2x(Timeline& t, const Lm& x);
-void language_backward_2x(Timeline& t, const Lm& x, bool first_step);
+// A decoder block on LibTorch 2.x, fp32 (replay_language_2x.cpp), which language_forward and
+// language_backward run when Lm::torch2: with a graph (trained, or frozen with a gradient
+// through it), without one, and the backward (`nested`: inside a checkpointed block's
+// autograd::grad).
 void block_forward_2x(Timeline& t, const Lm& x);
 void block_forward_nograd_2x(Timeline& t, const Lm& x);
 void block_backward_2x(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested);

@@ -391,22 +391,27 @@ void language_forward(Timeline& t, const Lm& x) {
     return language_forward_no_graph(t, x);
   }
   if (x.bf16 || x.bf16_storage) return language_forward_bf16(t, x);
-  if (x.torch2) return language_forward_2x(t, x);
+  // fp32: one walk, each block and norm as the version runs it (1.13's, or 2.x's in
+  // replay_language_2x.cpp and replay_rms_norm.cpp).
   const int64_t hidden = e * x.N * x.D;
   decoder_prologue(t, x);
   t.repeat(x.Ll, [&](Timeline& block) {
     if (x.checkpoint) {
       block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd(block, x);
+      (x.torch2 ? block_forward_nograd_2x : block_forward_nograd)(block, x);
+    } else if (x.torch2) {
+      block_forward_2x(block, x);  // trained or frozen
     } else if (x.frozen) {
       block_forward_frozen(block, x);
     } else {
       block_forward(block, x);
     }
   });
-  // Final RMSNorm (language_model.cpp:147): sq, r and n kept; `hidden` lives until
+  // Final RMSNorm (language_model.cpp:147): sq (1.13), r and n kept; `hidden` lives until
   // forward_embeddings returns (vision_language_model.cpp:103-107), through the loss.
-  if (x.frozen) {
+  if (x.torch2) {
+    rms_norm_forward_2x(t, x);
+  } else if (x.frozen) {
     rms_norm_forward_frozen(t, x);
   } else {
     rms_norm_forward(t, x);
@@ -419,17 +424,28 @@ void language_forward(Timeline& t, const Lm& x) {
 // Backward of the loss, the head and the final norm, then the blocks, last first.
 void language_backward(Timeline& t, const Lm& x, bool first_step) {
   if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);
-  if (x.torch2) return language_backward_2x(t, x, first_step);
   objective_backward(t);
   loss_backward(t, x, first_step);
   // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
   // this norm only. Then the blocks, last first; each ends with its input's gradient live.
-  rms_norm_backward(t, x, first_step, /*residual=*/false);
+  if (x.torch2) {
+    rms_norm_backward_2x(t, x, first_step, /*residual=*/false, /*held=*/false,
+                         /*keeps_input=*/false);
+  } else {
+    rms_norm_backward(t, x, first_step, /*residual=*/false);
+  }
+  const auto block_backward_of = [&](Timeline& block, bool first_block) {
+    if (x.torch2) {
+      block_backward_2x(block, x, first_step, first_block, /*nested=*/false);
+    } else {
+      block_backward(block, x, first_step, first_block);
+    }
+  };
   if (x.checkpoint) {
     t.repeat(x.Ll, [&](Timeline& block) { checkpointed_block_backward(block, x, first_step); });
   } else {
-    t.repeat(x.Ll - 1, [&](Timeline& block) { block_backward(block, x, first_step, false); });
-    block_backward(t, x, first_step, /*first_block=*/true);
+    t.repeat(x.Ll - 1, [&](Timeline& block) { block_backward_of(block, /*first_block=*/false); });
+    block_backward_of(t, /*first_block=*/true);
   }
 }
 

@@ -200,36 +200,4 @@ void block_backward_2x(Timeline& t, const Lm& x, bool first_step, bool first_blo
   rms_norm_backward_2x(t, x, keep, /*residual=*/true, /*held=*/false, /*keeps_input=*/nested);
 }
 
-void language_forward_2x(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D;
-  decoder_prologue(t, x);
-  t.repeat(x.Ll, [&](Timeline& block) {
-    if (x.checkpoint) {
-      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd_2x(block, x);
-    } else {
-      block_forward_2x(block, x);
-    }
-  });
-  rms_norm_forward_2x(t, x);  // the final norm
-  loss_forward(t, x);
-  t.free(x.N);     // supervised
-  t.free(hidden);  // hidden
-}
-
-void language_backward_2x(Timeline& t, const Lm& x, bool first_step) {
-  objective_backward(t);
-  loss_backward(t, x, first_step);
-  rms_norm_backward_2x(t, x, first_step, /*residual=*/false, /*held=*/false,
-                       /*keeps_input=*/false);
-  if (x.checkpoint) {
-    t.repeat(x.Ll, [&](Timeline& block) { checkpointed_block_backward(block, x, first_step); });
-  } else {
-    t.repeat(x.Ll - 1, [&](Timeline& block) {
-      block_backward_2x(block, x, first_step, /*first_block=*/false, /*nested=*/false);
-    });
-    block_backward_2x(t, x, first_step, /*first_block=*/true, /*nested=*/false);
-  }
-}
-
 }  // namespace vlm::memory::replay

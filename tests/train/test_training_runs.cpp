@@ -402,22 +402,26 @@ int64_t check_predictions(const fs::path& out) {
   return largest;
 }
 
-}  // namespace
-
-// On the LibTorch of this build: the CPU replay follows 1.13's and 2.x's kernels in fp32.
-CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 variants") {
-  for (const std::string variant :
-       {"", "--set model.vision_chunk_crops=3",
-        "--set train.batch_size=1 --set train.gradient_accumulation_steps=3",
-        "--set train.preflight=false --set model.loss_chunk_tokens=40",
-        "--set model.checkpoint_language=true --set model.checkpoint_vision=true",
-        "--set model.freeze_vision=true --set model.vision_chunk_crops=2",
-        "--set model.freeze_vision=true --set model.freeze_language=true"}) {
+// A short run of each variant, every step's prediction checked.
+void every_step_predicted(const std::vector<std::string>& variants) {
+  for (const std::string& variant : variants) {
     CATCH_INFO("variant: " << variant);
     TempDir out;
     require_ok(run_vlmtrain(run_args(out.path(), variant)));
     check_predictions(out.path());
   }
+}
+
+}  // namespace
+
+// On the LibTorch of this build: the CPU replay follows 1.13's and 2.x's kernels in fp32.
+CATCH_TEST_CASE("every step's predicted peak is the measured one, on fp32 variants") {
+  every_step_predicted({"", "--set model.vision_chunk_crops=3",
+                        "--set train.batch_size=1 --set train.gradient_accumulation_steps=3",
+                        "--set train.preflight=false --set model.loss_chunk_tokens=40",
+                        "--set model.checkpoint_language=true --set model.checkpoint_vision=true",
+                        "--set model.freeze_vision=true --set model.vision_chunk_crops=2",
+                        "--set model.freeze_vision=true --set model.freeze_language=true"});
 }
 
 // Modules stored in bf16 run bf16 products, which LibTorch 2.x's oneDNN runs with scratchpads
@@ -426,17 +430,11 @@ CATCH_TEST_CASE(
     "every step's predicted peak is the measured one, with frozen modules stored in bf16 "
     "(LibTorch 1.13)",
     "[libtorch1.13]") {
-  for (const std::string variant :
-       {"--set model.freeze_vision=true --set model.frozen_dtype=bf16",
-        // LLaVA's first stage with the frozen towers stored in bf16.
-        "--set model.freeze_vision=true --set model.freeze_language=true --set "
-        "model.frozen_dtype=bf16",
-        "--set model.freeze_projector=true --set model.frozen_dtype=bf16"}) {
-    CATCH_INFO("variant: " << variant);
-    TempDir out;
-    require_ok(run_vlmtrain(run_args(out.path(), variant)));
-    check_predictions(out.path());
-  }
+  every_step_predicted({"--set model.freeze_vision=true --set model.frozen_dtype=bf16",
+                        // LLaVA's first stage with the frozen towers stored in bf16.
+                        "--set model.freeze_vision=true --set model.freeze_language=true --set "
+                        "model.frozen_dtype=bf16",
+                        "--set model.freeze_projector=true --set model.frozen_dtype=bf16"});
 }
 
 CATCH_TEST_CASE(

@@ -1,11 +1,12 @@
 // A config as `vlmtrain estimate-memory` answers for it from metadata: load_config(path,
 // overrides), then estimate_worst_case (estimate/estimate.h) for a CPU or a CUDA target, 1 or 2
-// ranks. Input: the config file's text, then optionally a NUL byte and one
-// "section.key=value" override per line (as fuzz_config). Invariants of a modelled answer:
-// every figure is a count of bytes (not negative, within the model's range, memory/magnitude.h),
-// the peak holds the static bytes, and each phase's peak is at most the step's; on CUDA also the
-// step replayed for an H100 with LibTorch 2.11 (memory/cuda_step.h), where it applies: its
-// worst case and verdict are counts of bytes, reserved at least allocated.
+// ranks, LibTorch 1.13 or 2.11 (whose CPU kernels the replay follows). Input: the config file's
+// text, then optionally a NUL byte and one "section.key=value" override per line (as fuzz_config).
+// Invariants of a modelled answer: every figure is a count of bytes (not negative, within the
+// model's range, memory/magnitude.h), the peak holds the static bytes, and each phase's peak is at
+// most the step's; on CUDA also the step replayed for an H100 with LibTorch 2.11
+// (memory/cuda_step.h), where it applies: its worst case and verdict are counts of bytes, reserved
+// at least allocated.
 #include <string>
 
 #include "core/config_io.h"
@@ -26,11 +27,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string path = vlm::fuzz::write_scratch("config.yaml", input.file_text);
     const vlm::Config config = vlm::load_config(path, input.overrides).config;
     // One target per input (the instrumented worst case of the default config takes seconds):
-    // CPU or CUDA, 1 or 2 ranks, by the input's length.
+    // CPU or CUDA, 1 or 2 ranks, LibTorch 1.13 or 2.11, by the input's length.
     const bool cuda = size % 2 == 1;
     const int64_t ranks = size % 4 >= 2 ? 2 : 1;
+    const vlm::memory::TorchVersion torch =
+        size % 8 >= 4 ? vlm::memory::TorchVersion{1, 13} : vlm::memory::kReferenceTorch;
     const vlm::estimate::WorstCaseEstimate e =
-        vlm::estimate::estimate_worst_case(config, cuda, ranks);
+        vlm::estimate::estimate_worst_case(config, cuda, ranks, torch);
     if (!e.modelled) return;
     const vlm::memory::StepPrediction& p = e.step.tensors;
     const auto count = [](int64_t bytes) {

@@ -147,7 +147,7 @@ struct Vit {
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
 
-// --- language (replay_language.cpp) --------------------------------------------------------
+// --- language (replay_language.cpp; the loss, head and embeddings in replay_loss.cpp) -----
 // segment_ids and the RoPE tables, before the blocks: cos and sin (4 N hd each) live on return.
 void decoder_prologue(Timeline& t, const Lm& x);
 // The loss's preparation (token_loss.cpp:23-30): on return the supervised mask, the positions,

@@ -44,7 +44,7 @@ void cross_entropy_backward(Timeline& t, const Lm& x, int64_t rows, int64_t targ
 }
 
 // The chunked loss's backward (token_loss.cpp:38-47) under autocast, as in fp32
-// (replay_language.cpp, chunked_loss_backward) with the autocast recompute: per chunk, last
+// (replay_loss.cpp, chunked_loss_backward) with the autocast recompute: per chunk, last
 // first, the RNG state around the recompute with a graph, its backward to the chunk rows' and
 // the head's fp32 gradients, SliceBackward0 into the rows' buffer; the engine sums later
 // chunks' gradients out of place. Then `hidden.sum() * 0.0`'s gradient and

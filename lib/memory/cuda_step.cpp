@@ -11,105 +11,6 @@
 #include "spec/derived.h"
 
 namespace vlm::memory::cuda {
-namespace {
-
-bool decays(const std::string& name) {
-  const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
-  if (has("position_embedding") || has("token_embedding")) return false;  // embeddings
-  if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) return false;
-  return !(has("norm") || has(".ln1.") || has(".ln2."));  // norm weights: one dimension
-}
-
-}  // namespace
-
-namespace detail {
-
-namespace {
-
-OptimizerOrder compute_order(const MemorySpec& spec, bool image_path) {
-  std::vector<ParameterTensor> tensors = parameter_tensors(spec);
-  // named_parameters lists the patch embedding's own positions before its conv's tensors.
-  const auto positions = std::find_if(tensors.begin(), tensors.end(), [](const ParameterTensor& t) {
-    return t.name == "vision_encoder.patch_embedding.position_embedding";
-  });
-  if (positions != tensors.end()) std::rotate(tensors.begin(), positions, positions + 1);
-  OptimizerOrder order;
-  for (const char* module : {"vision_encoder.", "MP.", "decoder."}) {
-    if (!image_path && std::string(module) != "decoder.") continue;  // no gradient yet
-    for (const bool decay : {true, false}) {
-      size_t count = 0;
-      for (const ParameterTensor& t : tensors) {
-        if (!t.trainable || t.name.rfind(module, 0) != 0 || decays(t.name) != decay) continue;
-        order.elements.push_back(t.elements);
-        order.largest = std::max(order.largest, t.elements);
-        ++count;
-      }
-      if (count > 0) {
-        order.group_sizes.push_back(count);
-        if (std::string(module) == "decoder.") ++order.decoder_groups;
-      }
-    }
-  }
-  return order;
-}
-
-// What the stream needs of the model's tensors, computed once per model (a prediction asks for
-// them several times, and naming 1,400 tensors costs more than replaying them): the model
-// states' bytes in construction order and AdamW's order with and without the image path.
-struct ModelTables {
-  std::vector<int64_t> key;
-  std::vector<int64_t> state_bytes;
-  OptimizerOrder order[2];  // [image path]
-};
-
-const ModelTables& tables_of(const MemorySpec& spec) {
-  const auto& v = spec.dims.vision;
-  const auto& l = spec.dims.language;
-  std::vector<int64_t> key = {v.image_size,
-                              v.patch_size,
-                              v.hidden_size,
-                              v.num_layers,
-                              v.num_heads,
-                              v.mlp_size,
-                              spec.dims.projector.pixel_shuffle,
-                              l.hidden_size,
-                              l.num_layers,
-                              l.num_heads,
-                              l.num_kv_heads,
-                              l.mlp_size,
-                              l.vocab_size,
-                              l.extra_tokens,
-                              l.tie_embeddings,
-                              spec.vision.trainable,
-                              spec.vision.parameter_bytes,
-                              spec.projector.trainable,
-                              spec.projector.parameter_bytes,
-                              spec.language.trainable,
-                              spec.language.parameter_bytes};
-  thread_local ModelTables cached;
-  if (cached.key != key) {
-    cached.key = std::move(key);
-    cached.state_bytes.clear();
-    for (const ParameterTensor& t : parameter_tensors(spec))
-      cached.state_bytes.push_back(t.bytes());
-    cached.order[0] = compute_order(spec, false);
-    cached.order[1] = compute_order(spec, true);
-  }
-  return cached;
-}
-
-}  // namespace
-
-OptimizerOrder optimizer_order(const MemorySpec& spec, bool image_path) {
-  return tables_of(spec).order[image_path ? 1 : 0];
-}
-
-std::vector<int64_t> state_bytes(const MemorySpec& spec) { return tables_of(spec).state_bytes; }
-
-}  // namespace detail
-
-using detail::optimizer_order;
-using detail::OptimizerOrder;
 
 std::string unmodelled(const MemorySpec& spec) {
   const auto& l = spec.dims.language;
@@ -391,7 +292,7 @@ void StepStream::model_states() {
     alloc(4);
     alloc(8 * 64);
   }
-  for (const int64_t bytes : detail::state_bytes(spec_)) alloc(bytes);
+  for (const int64_t bytes : model_state_bytes(spec_)) alloc(bytes);
 }
 
 bool StepStream::chunks_loss(const MicroBatchShape& micro) const {

@@ -9,24 +9,12 @@
 #include <vector>
 
 #include "memory/cuda_step.h"
+#include "memory/parameter_tensors.h"
 
 namespace vlm::memory::cuda {
 namespace detail {
 
 using Id = int32_t;
-
-// AdamW's parameter order (train/optimizer.cpp GroupedAdamW): named_parameters order (a
-// module's own parameters before its children's: the ViT's positions before its patch
-// kernel), grouped vision, projector, language, each with weight decay first.
-struct OptimizerOrder {
-  std::vector<int64_t> elements;    // trainable tensors in group order
-  std::vector<size_t> group_sizes;  // tensors per non-empty group
-  size_t decoder_groups = 0;        // the last groups: the decoder's
-  int64_t largest = 0;
-};
-OptimizerOrder optimizer_order(const MemorySpec& spec, bool image_path);
-// The model states' bytes in construction order (memory/parameter_tensors.h).
-std::vector<int64_t> state_bytes(const MemorySpec& spec);
 
 // One ViT block's tensors that outlive its statements (docs/memory.md, "On CUDA").
 struct VitBlock {

@@ -1,5 +1,8 @@
 #include "memory/parameter_tensors.h"
 
+#include <algorithm>
+#include <array>
+
 #include "spec/derived.h"
 
 namespace vlm::memory {
@@ -85,6 +88,104 @@ std::vector<ParameterTensor> parameter_tensors(const MemorySpec& spec) {
   ModuleTensors(out, "MP.", spec.projector)
       .parameter("proj.weight", spec::projector_parameters(spec.dims));
   return out;
+}
+
+namespace {
+
+bool decays(const std::string& name) {
+  const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has("position_embedding") || has("token_embedding")) return false;  // embeddings
+  if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) return false;
+  return !(has("norm") || has(".ln1.") || has(".ln2."));  // norm weights: one dimension
+}
+
+OptimizerOrder compute_order(const MemorySpec& spec, bool image_path) {
+  std::vector<ParameterTensor> tensors = parameter_tensors(spec);
+  // named_parameters lists the patch embedding's own positions before its conv's tensors.
+  const auto positions = std::find_if(tensors.begin(), tensors.end(), [](const ParameterTensor& t) {
+    return t.name == "vision_encoder.patch_embedding.position_embedding";
+  });
+  if (positions != tensors.end()) std::rotate(tensors.begin(), positions, positions + 1);
+  OptimizerOrder order;
+  for (const char* module : {"vision_encoder.", "MP.", "decoder."}) {
+    if (!image_path && std::string(module) != "decoder.") continue;  // no gradient yet
+    for (const bool decay : {true, false}) {
+      size_t count = 0;
+      for (const ParameterTensor& t : tensors) {
+        if (!t.trainable || t.name.rfind(module, 0) != 0 || decays(t.name) != decay) continue;
+        order.elements.push_back(t.elements);
+        order.largest = std::max(order.largest, t.elements);
+        ++count;
+      }
+      if (count > 0) {
+        order.group_sizes.push_back(count);
+        if (std::string(module) == "decoder.") ++order.decoder_groups;
+      }
+    }
+  }
+  return order;
+}
+
+struct ModelTables {
+  std::array<int64_t, 21> key{};
+  bool filled = false;
+  std::vector<int64_t> state_bytes;
+  OptimizerOrder order[2];  // [image path]
+};
+
+const ModelTables& tables_of(const MemorySpec& spec) {
+  const auto& v = spec.dims.vision;
+  const auto& l = spec.dims.language;
+  const std::array<int64_t, 21> key = {v.image_size,
+                                       v.patch_size,
+                                       v.hidden_size,
+                                       v.num_layers,
+                                       v.num_heads,
+                                       v.mlp_size,
+                                       spec.dims.projector.pixel_shuffle,
+                                       l.hidden_size,
+                                       l.num_layers,
+                                       l.num_heads,
+                                       l.num_kv_heads,
+                                       l.mlp_size,
+                                       l.vocab_size,
+                                       l.extra_tokens,
+                                       l.tie_embeddings,
+                                       spec.vision.trainable,
+                                       spec.vision.parameter_bytes,
+                                       spec.projector.trainable,
+                                       spec.projector.parameter_bytes,
+                                       spec.language.trainable,
+                                       spec.language.parameter_bytes};
+  thread_local ModelTables cached;
+  if (!cached.filled || cached.key != key) {
+    cached.key = key;
+    cached.filled = true;
+    cached.state_bytes.clear();
+    for (const ParameterTensor& t : parameter_tensors(spec))
+      cached.state_bytes.push_back(t.bytes());
+    cached.order[0] = compute_order(spec, false);
+    cached.order[1] = compute_order(spec, true);
+  }
+  return cached;
+}
+
+}  // namespace
+
+size_t OptimizerOrder::decoder_tensors() const {
+  size_t count = 0;
+  for (size_t g = group_sizes.size() - decoder_groups; g < group_sizes.size(); ++g) {
+    count += group_sizes[g];
+  }
+  return count;
+}
+
+const OptimizerOrder& optimizer_order(const MemorySpec& spec, bool image_path) {
+  return tables_of(spec).order[image_path ? 1 : 0];
+}
+
+const std::vector<int64_t>& model_state_bytes(const MemorySpec& spec) {
+  return tables_of(spec).state_bytes;
 }
 
 }  // namespace vlm::memory

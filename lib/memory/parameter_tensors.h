@@ -29,4 +29,24 @@ struct ParameterTensor {
 // static_memory(spec).parameter_bytes().
 std::vector<ParameterTensor> parameter_tensors(const MemorySpec& spec);
 
+// AdamW's parameter order (train/optimizer.cpp GroupedAdamW): named_parameters order (a
+// module's own parameters before its children's: the ViT's positions before its patch
+// kernel), grouped vision, projector, language, each with weight decay first; the trainable
+// tensors only, the image path's only with `image_path` (before a step with crops they have
+// no gradient). The one list the CPU replay's AdamW and all-reduce peaks and the CUDA step's
+// optimizer and all-reduce walk.
+struct OptimizerOrder {
+  std::vector<int64_t> elements;    // trainable tensors in group order
+  std::vector<size_t> group_sizes;  // tensors per non-empty group
+  size_t decoder_groups = 0;        // the last groups: the decoder's
+  int64_t largest = 0;
+  size_t decoder_tensors() const;  // the last elements: the decoder's
+};
+// Both of these are computed once per model and thread (a prediction asks for them several
+// times; naming 1,400 tensors costs more than replaying them): the reference stays valid until
+// the thread asks about another model.
+const OptimizerOrder& optimizer_order(const MemorySpec& spec, bool image_path);
+// The model states' bytes in construction order.
+const std::vector<int64_t>& model_state_bytes(const MemorySpec& spec);
+
 }  // namespace vlm::memory

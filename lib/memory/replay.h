@@ -171,24 +171,6 @@ void loss_forward(Timeline& t, const Lm& x);
 void loss_backward(Timeline& t, const Lm& x, bool first_step);
 // q = RoPE(q_proj(y1)), then k: only the rotated tensors stay (both versions).
 void rotary_projections(Timeline& t, const Lm& x);
-// Trained parameters in AdamW's order (language decay, language no-decay), in elements:
-// `visit(numel)` for each (optimizer.cpp: every block's linear weights, mlp then attn as
-// registered, then an untied head; then the token embedding, which the tied head shares,
-// every block's two norm weights, the final norm). A visitor, not a list: every prediction
-// walks them (the AdamW and all-reduce peaks), and a list cost it an allocation each time.
-template <class Visit>
-void for_each_language_parameter(const Lm& x, Visit&& visit) {
-  if (x.frozen) return;
-  for (int64_t i = 0; i < x.Ll; ++i) {
-    for (const int64_t n :
-         {x.F * x.D, x.F * x.D, x.D * x.F, x.D * x.D, x.Dkv * x.D, x.Dkv * x.D, x.D * x.D}) {
-      visit(n);
-    }
-  }
-  if (!x.tied) visit(x.V * x.D);
-  visit(x.V * x.D);
-  for (int64_t i = 0; i < 2 * x.Ll + 1; ++i) visit(x.D);
-}
 
 // RMSNorm on an fp32 input (language_model.cpp:33-37; replay_rms_norm.cpp), as the trained
 // decoder runs it in either precision on LibTorch 1.13: forward from its input (live) to its output
@@ -255,25 +237,6 @@ void vision_forward(Timeline& t, const Vit& v);
 // From the image embeddings' gradient (4 n I D, freed on the way) through every chunk, last
 // chunk first; parameter gradients are stolen by the first chunk processed when `first_step`.
 void vision_backward(Timeline& t, const Vit& v, bool first_step);
-// Parameters in AdamW's order (vision decay, vision no-decay, projector), in elements: the
-// vision tower's if `vision`, the projector's if `projector`; `visit(numel)` for each.
-template <class Visit>
-void for_each_vision_parameter(const Vit& v, bool vision, bool projector, Visit&& visit) {
-  if (vision) {
-    visit(v.d * v.patch_values);          // vision decay: the kernel,
-    for (int64_t i = 0; i < v.Lv; ++i) {  // each block's qkv, out, fc1, fc2
-      for (const int64_t n : {3 * v.d * v.d, v.d * v.d, v.m * v.d, v.d * v.m}) visit(n);
-    }
-    visit(v.P * v.d);  // vision no-decay: the positions, the kernel's bias,
-    visit(v.d);
-    for (int64_t i = 0; i < v.Lv; ++i) {  // each block's ln1, qkv and out biases, ln2, fc1, fc2
-      for (const int64_t n : {v.d, v.d, 3 * v.d, v.d, v.d, v.d, v.m, v.d}) visit(n);
-    }
-    visit(v.d);  // the final LayerNorm
-    visit(v.d);
-  }
-  if (projector) visit(v.D * v.Dp);  // projector (decay)
-}
 
 // The same under bf16 autocast (replay_vision_bf16.cpp): on return of the forward the image
 // embeddings are bf16 (2 n I D).

@@ -6,6 +6,7 @@
 
 #include "core/dist_env.h"
 #include "memory/magnitude.h"
+#include "memory/parameter_tensors.h"
 #include "memory/replay.h"
 
 namespace vlm::memory {
@@ -15,39 +16,32 @@ using replay::e;
 using replay::Timeline;
 
 // AdamW::step (LibTorch 1.13 and 2.x alike on the CPU), GroupedAdamW::step alone (the
-// trainer's clip_grad_norm before it is not included): per parameter, the first step allocates
-// exp_avg and exp_avg_sq (zeros_like, kept); `denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)`
-// holds sqrt and the quotient together (8 B per element) beside small scalars: 12 B at the top
-// (measured; the wrapped divisor is 8 of them). Parameters without a gradient are skipped.
-// The parameters AdamW steps, in its order, in elements: the image path's when they have
-// gradients, then the decoder's; `visit(numel, image)` for each.
-template <class Visit>
-void for_each_stepped(const MemorySpec& spec, const replay::Vit& v, const replay::Lm& x,
-                      bool image_gradients, Visit&& visit) {
-  replay::for_each_vision_parameter(v, image_gradients && spec.vision.trainable,
-                                    image_gradients && spec.projector.trainable,
-                                    [&](int64_t n) { visit(n, true); });
-  replay::for_each_language_parameter(x, [&](int64_t n) { visit(n, false); });
-}
-
-// AdamW's peak and the gradients the step created: the moments of the parameters whose tower
-// has none yet come one by one, each parameter's before its update.
+// trainer's clip_grad_norm before it is not included), over the parameters with a gradient in
+// its order (memory/parameter_tensors.h optimizer_order; the image path's when they have
+// gradients): per parameter, the first step allocates exp_avg and exp_avg_sq (zeros_like,
+// kept); `denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)` holds sqrt and the quotient
+// together (8 B per element) beside small scalars: 12 B at the top (measured; the wrapped
+// divisor is 8 of them). The moments of the parameters whose tower has none yet come one by
+// one, each parameter's before its update; their gradients are the step's new ones.
 struct AdamW {
   int64_t peak = 0;
   int64_t created_gradients = 0;  // the gradients of the towers whose moments do not exist yet
 };
-AdamW adamw(const MemorySpec& spec, const replay::Vit& v, const replay::Lm& x, bool image_gradients,
-            bool image_moments, bool language_moments) {
+AdamW adamw(const MemorySpec& spec, bool image_gradients, bool image_moments,
+            bool language_moments) {
   constexpr int64_t kScalars = 12;
+  const OptimizerOrder& order = optimizer_order(spec, image_gradients);
+  const size_t image = order.elements.size() - order.decoder_tensors();
   AdamW a;
   int64_t moments = 0;
-  for_each_stepped(spec, v, x, image_gradients, [&](int64_t n, bool image) {
-    if (!(image ? image_moments : language_moments)) {
+  for (size_t i = 0; i < order.elements.size(); ++i) {
+    const int64_t n = order.elements[i];
+    if (!(i < image ? image_moments : language_moments)) {
       moments += 8 * n;
       a.created_gradients += 4 * n;
     }
     a.peak = std::max(a.peak, moments + 8 * n + kScalars);
-  });
+  }
   return a;
 }
 
@@ -99,15 +93,14 @@ int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool ima
   if (spec.ranks < 2) return 0;
   std::vector<int64_t> flattened;  // per bucket: the bytes its flattening allocates
   int64_t bytes = 0, tensors = 0;
-  for_each_stepped(spec, replay::vit_of(spec, shape), replay::lm_of(spec, shape), image_gradients,
-                   [&](int64_t n, bool) {
-                     bytes += 4 * n;  // fp32 gradients, one dtype: one group
-                     ++tensors;
-                     if (bytes >= kGradientBucketBytes) {
-                       flattened.push_back(tensors > 1 ? bytes : 0);
-                       bytes = tensors = 0;
-                     }
-                   });
+  for (const int64_t n : optimizer_order(spec, image_gradients).elements) {
+    bytes += 4 * n;  // fp32 gradients, one dtype: one group
+    ++tensors;
+    if (bytes >= kGradientBucketBytes) {
+      flattened.push_back(tensors > 1 ? bytes : 0);
+      bytes = tensors = 0;
+    }
+  }
   if (tensors > 0) flattened.push_back(tensors > 1 ? bytes : 0);
   int64_t peak = 0;
   for (size_t i = 0; i < flattened.size(); ++i) {
@@ -118,9 +111,7 @@ int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool ima
 
 int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
                             bool language_moments, bool image_moments) {
-  return adamw(spec, replay::vit_of(spec, shape), replay::lm_of(spec, shape), image_gradients,
-               image_moments, language_moments)
-      .peak;
+  return adamw(spec, image_gradients, image_moments, language_moments).peak;
 }
 
 PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, bool first_step) {
@@ -170,7 +161,7 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBack
     // Nothing to propagate (step_runner.cpp runs no backward): the loss and the objective
     // stay; AdamW steps the gradients earlier steps made.
     p.backward = forward.live - 8 + 4;
-    p.optimizer = adamw(spec, v, x, !first.image, !first.image, !first.language).peak;
+    p.optimizer = adamw(spec, !first.image, !first.image, !first.language).peak;
     return p;
   }
 
@@ -205,7 +196,7 @@ PhasePeaks step_peaks(const MemorySpec& spec, const BatchShape& shape, FirstBack
   // AdamW, over the parameters with a gradient: the image path's once a step with crops has
   // run. The gradients this backward allocated (first backwards) are live beside it, and the
   // moments of the towers backpropagated for the first time are created.
-  const AdamW a = adamw(spec, v, x, crops || !first.image, !first.image, !first.language);
+  const AdamW a = adamw(spec, crops || !first.image, !first.image, !first.language);
   p.optimizer = a.created_gradients + a.peak;
   return p;
 }

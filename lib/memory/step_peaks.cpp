@@ -89,7 +89,7 @@ int64_t racy_bytes(const MemorySpec& spec, const BatchShape& shape) {
   return (spec.threads - 1) * replay::e * block;
 }
 
-int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients) {
+int64_t allreduce_peak(const MemorySpec& spec, bool image_gradients) {
   if (spec.ranks < 2) return 0;
   std::vector<int64_t> flattened;  // per bucket: the bytes its flattening allocates
   int64_t bytes = 0, tensors = 0;
@@ -109,8 +109,8 @@ int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool ima
   return peak;
 }
 
-int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
-                            bool language_moments, bool image_moments) {
+int64_t optimizer_step_peak(const MemorySpec& spec, bool image_gradients, bool language_moments,
+                            bool image_moments) {
   return adamw(spec, image_gradients, image_moments, language_moments).peak;
 }
 

@@ -84,13 +84,13 @@ int64_t racy_bytes(const MemorySpec& spec, const BatchShape& shape);
 // its reduction is done), one of a single tensor is a view; at most two are in flight.
 // `image_gradients`: the image path's trained parameters have gradients (a backward with
 // crops has run).
-int64_t allreduce_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients);
+int64_t allreduce_peak(const MemorySpec& spec, bool image_gradients);
 
 // GroupedAdamW::step's peak above the live bytes before it (the gradients live): the moments
 // created one by one where they do not exist yet, and each update's temporaries. AdamW steps
 // the decoder's trained parameters and, with `image_gradients`, the image path's; their
 // moments exist with `language_moments` and `image_moments`.
-int64_t optimizer_step_peak(const MemorySpec& spec, const BatchShape& shape, bool image_gradients,
-                            bool language_moments, bool image_moments);
+int64_t optimizer_step_peak(const MemorySpec& spec, bool image_gradients, bool language_moments,
+                            bool image_moments);
 
 }  // namespace vlm::memory

@@ -68,11 +68,10 @@ StepPrediction predict_step(const MemorySpec& spec, const std::vector<BatchShape
     }
   }
   // The gradient all-reduce (ranks > 1), then AdamW, over the gradients of the whole step.
-  const int64_t allreduce = live + allreduce_peak(spec, micro_batches.back(), image_gradients);
+  const int64_t allreduce = live + allreduce_peak(spec, image_gradients);
   p.allreduce_peak = allreduce;
   const int64_t optimizer =
-      live + optimizer_step_peak(spec, micro_batches.back(), image_gradients, before.moments,
-                                 image_moments);
+      live + optimizer_step_peak(spec, image_gradients, before.moments, image_moments);
   p.optimizer_peak = optimizer;
   if (optimizer > p.peak_bytes && optimizer >= allreduce) {
     p.peak_bytes = optimizer;

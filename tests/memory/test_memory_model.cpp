@@ -181,14 +181,13 @@ TEST_CASE("step peaks: a spec for a GPU (threads 0) counts none of the CPU's own
 }
 
 TEST_CASE("gradient all-reduce: nothing on one rank, flattened buckets of two in flight on more") {
-  const memory::BatchShape pack = bench_pack(spec::preset("tiny"));
   Config config;
   config.model.dims = spec::preset("tiny");
   memory::MemorySpec tiny = memory::memory_spec(config);
-  CHECK(memory::allreduce_peak(tiny, pack, /*image_gradients=*/true) == 0);
+  CHECK(memory::allreduce_peak(tiny, /*image_gradients=*/true) == 0);
   // tiny's gradients fit one bucket: it is flattened whole (a cat of every gradient).
   tiny.ranks = 2;
-  CHECK(memory::allreduce_peak(tiny, pack, /*image_gradients=*/true) ==
+  CHECK(memory::allreduce_peak(tiny, /*image_gradients=*/true) ==
         memory::static_memory(tiny).gradient_bytes());
   CHECK(memory::static_memory(tiny).gradient_bytes() < kGradientBucketBytes);
 
@@ -198,7 +197,7 @@ TEST_CASE("gradient all-reduce: nothing on one rank, flattened buckets of two in
   memory::MemorySpec big = memory::memory_spec(config);
   big.ranks = 8;
   const memory::BatchShape big_pack = bench_pack(big.dims);
-  const int64_t peak = memory::allreduce_peak(big, big_pack, /*image_gradients=*/true);
+  const int64_t peak = memory::allreduce_peak(big, /*image_gradients=*/true);
   const int64_t largest = 4 * memory::static_memory(big).largest_trainable_parameter;
   CHECK(peak >= kGradientBucketBytes);
   CHECK(peak <= 2 * (kGradientBucketBytes + largest));

@@ -11,6 +11,7 @@
 
 #include "memory/batch_shape.h"
 #include "memory/memory_spec.h"
+#include "memory/step_peaks.h"
 #include "model/vision_language_model.h"
 #include "runtime/torch_info.h"
 #include "runtime/tracking_allocator.h"
@@ -27,11 +28,15 @@ inline memory::MemorySpec probe_spec(const spec::ModelSpec& dims, const ModelLev
   return s;
 }
 
-// Whether the replay knows what this build's bf16 products allocate: on LibTorch 2.x they run
-// in its bundled oneDNN, whose scratchpads are not in the replay yet (docs/memory-cpu-2x.md),
-// so the 2.x probes keep every module in fp32: frozen ones in fp32 storage, fp32 compute.
+// Whether the replay knows what this build's bf16 products allocate, as the memory model says
+// (memory/step_peaks.h cpu_unreplayed): on LibTorch 2.x they run in its bundled oneDNN, whose
+// scratchpads are not replayed yet, so the 2.x probes keep every module in fp32: frozen ones in
+// fp32 storage, fp32 compute.
 inline bool bf16_products_replayed() {
-  return !memory::parse_torch_version(runtime::torch_version()).value().at_least(2, 0);
+  memory::MemorySpec bf16;
+  bf16.precision = memory::ComputePrecision::kBf16;
+  bf16.torch = memory::parse_torch_version(runtime::torch_version()).value();
+  return memory::cpu_unreplayed(bf16).empty();
 }
 
 // A predicted peak against the measured one: equal, or above by no more than `racy` bytes,

@@ -10,6 +10,19 @@ namespace {
 
 int64_t round_up(int64_t n, int64_t unit) { return (n + unit - 1) / unit * unit; }
 
+// The lowest address of a bucket of equal sizes, as the size-ordered set gives it.
+template <typename Block>
+typename std::vector<Block*>::iterator lowest_address(std::vector<Block*>& bucket) {
+  return std::min_element(bucket.begin(), bucket.end(),
+                          [](const Block* a, const Block* b) { return a->address < b->address; });
+}
+
+template <typename Sizes>
+auto size_at_least(Sizes& sizes, int64_t size) {
+  return std::lower_bound(sizes.begin(), sizes.end(), size,
+                          [](const auto& entry, int64_t s) { return entry.first < s; });
+}
+
 }  // namespace
 
 int64_t cuda_block_bytes(int64_t request) {
@@ -37,7 +50,87 @@ CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::new_block() {
     *b = Block();
     return b;
   }
+  if (arena_used_ < arena_.size()) {
+    Block* b = &arena_[arena_used_++];
+    *b = Block();
+    return b;
+  }
+  ++arena_used_;
   return &arena_.emplace_back();
+}
+
+void CudaCachingAllocatorModel::clear() {
+  small_free_.clear();
+  large_free_.clear();
+  live_.clear();
+  arena_used_ = 0;
+  spare_.clear();
+  segments_.clear();
+  allocated_ = reserved_ = peak_allocated_ = peak_reserved_ = 0;
+  next_address_ = uint64_t{1} << 48;
+}
+
+void CudaCachingAllocatorModel::SmallPool::clear() {
+  for (size_t w = 0; w < nonempty.size(); ++w) {
+    for (uint64_t bits = nonempty[w]; bits != 0; bits &= bits - 1) {
+      buckets[w * 64 + static_cast<size_t>(__builtin_ctzll(bits))].clear();
+    }
+    nonempty[w] = 0;
+  }
+}
+
+void CudaCachingAllocatorModel::LargePool::insert(Block* b) {
+  auto at = size_at_least(sizes, b->size);
+  if (at == sizes.end() || at->first != b->size) {
+    uint32_t bucket = 0;
+    if (!spare.empty()) {
+      bucket = spare.back();
+      spare.pop_back();
+    } else {
+      bucket = static_cast<uint32_t>(buckets.size());
+      buckets.emplace_back();
+    }
+    at = sizes.insert(at, {b->size, bucket});
+  }
+  buckets[at->second].push_back(b);
+}
+
+void CudaCachingAllocatorModel::LargePool::drop_if_empty(size_t at) {
+  const uint32_t bucket = sizes[at].second;
+  if (!buckets[bucket].empty()) return;
+  spare.push_back(bucket);
+  sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(at));
+}
+
+void CudaCachingAllocatorModel::LargePool::erase(Block* b) {
+  const auto at = size_at_least(sizes, b->size);
+  if (at == sizes.end() || at->first != b->size) return;
+  auto& bucket = buckets[at->second];
+  const auto it = std::find(bucket.begin(), bucket.end(), b);
+  if (it == bucket.end()) return;
+  *it = bucket.back();
+  bucket.pop_back();
+  drop_if_empty(static_cast<size_t>(at - sizes.begin()));
+}
+
+CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::LargePool::take(int64_t size) {
+  const auto at = size_at_least(sizes, size);
+  if (at == sizes.end()) return nullptr;
+  auto& bucket = buckets[at->second];
+  const auto best = lowest_address<Block>(bucket);
+  Block* b = *best;
+  *best = bucket.back();
+  bucket.pop_back();
+  drop_if_empty(static_cast<size_t>(at - sizes.begin()));
+  return b;
+}
+
+void CudaCachingAllocatorModel::LargePool::clear() {
+  for (const auto& [size, bucket] : sizes) {
+    buckets[bucket].clear();
+    spare.push_back(bucket);
+  }
+  sizes.clear();
 }
 
 void CudaCachingAllocatorModel::SmallPool::insert(Block* b) {
@@ -73,10 +166,7 @@ CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::SmallPool::take(int
   const int64_t c = first_class(size / kCudaMinBlockSize);
   if (c < 0) return nullptr;
   auto& bucket = buckets[static_cast<size_t>(c)];
-  // Equal sizes: the lowest address, as the size-ordered set gives it.
-  auto best = std::min_element(bucket.begin(), bucket.end(), [](const Block* a, const Block* b) {
-    return a->address < b->address;
-  });
+  const auto best = lowest_address<Block>(bucket);
   Block* b = *best;
   *best = bucket.back();
   bucket.pop_back();
@@ -86,23 +176,16 @@ CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::SmallPool::take(int
 
 void CudaCachingAllocatorModel::insert_free(Block* b) {
   if (b->small) return small_free_.insert(b);
-  large_free_[b->size].push_back(b);
+  large_free_.insert(b);
 }
 
 void CudaCachingAllocatorModel::erase_free(Block* b) {
   if (b->small) return small_free_.erase(b);
-  const auto bucket = large_free_.find(b->size);
-  if (bucket == large_free_.end()) return;
-  auto& blocks = bucket->second;
-  const auto it = std::find(blocks.begin(), blocks.end(), b);
-  if (it == blocks.end()) return;
-  *it = blocks.back();
-  blocks.pop_back();
-  if (blocks.empty()) large_free_.erase(bucket);
+  large_free_.erase(b);
 }
 
 void CudaCachingAllocatorModel::load(const std::vector<Segment>& segments) {
-  *this = CudaCachingAllocatorModel();
+  clear();
   for (const Segment& s : segments) {
     uint64_t address = s.address;
     Block* prev = nullptr;
@@ -139,25 +222,13 @@ void CudaCachingAllocatorModel::reset_peaks() {
 // size-ordered pool). With max_split_size unset neither of its "oversized block" refusals apply.
 CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::take_free_block(int64_t size,
                                                                              bool small) {
-  if (small) return small_free_.take(size);
-  const auto bucket = large_free_.lower_bound(size);
-  if (bucket == large_free_.end()) return nullptr;
-  auto& blocks = bucket->second;
-  // Equal sizes: the lowest address, as the size-ordered set gives it.
-  const auto best =
-      std::min_element(blocks.begin(), blocks.end(),
-                       [](const Block* a, const Block* b) { return a->address < b->address; });
-  Block* b = *best;
-  *best = blocks.back();
-  blocks.pop_back();
-  if (blocks.empty()) large_free_.erase(bucket);
-  return b;
+  return small ? small_free_.take(size) : large_free_.take(size);
 }
 
 bool CudaCachingAllocatorModel::needs_segment(int64_t bytes) const {
   const int64_t size = cuda_block_bytes(bytes);
   if (size <= kCudaSmallSize) return !small_free_.fits(size);
-  return large_free_.lower_bound(size) == large_free_.end();
+  return !large_free_.fits(size);
 }
 
 uint64_t CudaCachingAllocatorModel::allocate(int64_t bytes,

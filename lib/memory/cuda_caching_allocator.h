@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -55,6 +54,9 @@ class CudaCachingAllocatorModel {
 
   // Starts from a recorded state: the allocated blocks are live at their addresses.
   void load(const std::vector<Segment>& segments);
+  // Back to the empty allocator, keeping the memory of its tables (the step replay makes a
+  // prediction after another on one model).
+  void clear();
 
   // A request of `bytes` (> 0). When no cached block fits, a segment is taken from the device,
   // at `new_segment_address` if given (a replay of a recorded trace), else at an address above
@@ -100,8 +102,10 @@ class CudaCachingAllocatorModel {
   // The pools, searched as PyTorch's BlockComparatorSize orders them with one stream (by size,
   // then address): the small pool's blocks (at most a 2 MiB segment each, so at most 4,096
   // sizes of 512 B) in one bucket per size with a bitmap of the non-empty ones, the large pool
-  // in a bucket per size in an ordered map (thousands of blocks, far fewer sizes). The step replay
-  // makes tens of thousands of requests a prediction; a tree per pool was most of its time.
+  // in a bucket per size too, the sizes in a sorted vector (thousands of blocks, far fewer
+  // sizes; the buckets are reused, so a size that comes and goes allocates nothing). The step
+  // replay makes tens of thousands of requests a prediction; a tree per pool was most of its
+  // time, then a tree's node per size.
   struct SmallPool {
     static constexpr int64_t kSizes = kCudaSmallBuffer / kCudaMinBlockSize;
     std::vector<std::vector<Block*>> buckets = std::vector<std::vector<Block*>>(kSizes + 1);
@@ -111,13 +115,28 @@ class CudaCachingAllocatorModel {
     Block* take(int64_t size);                // best fit, out of the pool; nullptr when none
     bool fits(int64_t size) const;            // a block of at least `size` is there
     int64_t first_class(int64_t from) const;  // the first non-empty bucket from `from`, or -1
+    void clear();
+  };
+  struct LargePool {
+    std::vector<std::pair<int64_t, uint32_t>> sizes;  // ascending: a size and its bucket
+    std::vector<std::vector<Block*>> buckets;
+    std::vector<uint32_t> spare;  // buckets no size holds
+    void insert(Block* b);
+    void erase(Block* b);
+    Block* take(int64_t size);  // best fit, out of the pool; nullptr when none
+    bool fits(int64_t size) const { return !sizes.empty() && sizes.back().first >= size; }
+    void clear();
+
+   private:
+    void drop_if_empty(size_t at);  // a size whose bucket emptied leaves `sizes`
   };
   SmallPool small_free_;
-  std::map<int64_t, std::vector<Block*>> large_free_;  // by size; the lowest address wins
-  std::unordered_map<uint64_t, Block*> live_;          // allocated blocks by address
-  std::deque<Block> arena_;                            // every block ever made; stable addresses
-  std::vector<Block*> spare_;                          // blocks merged away, for reuse
-  std::vector<Block*> segments_;                       // each segment's first block
+  LargePool large_free_;
+  std::unordered_map<uint64_t, Block*> live_;  // allocated blocks by address (free(address))
+  std::deque<Block> arena_;                    // every block made; stable addresses
+  size_t arena_used_ = 0;                      // arena_'s blocks in use since clear()
+  std::vector<Block*> spare_;                  // blocks merged away, for reuse
+  std::vector<Block*> segments_;               // each segment's first block
   int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t next_address_ = uint64_t{1} << 48;
 };

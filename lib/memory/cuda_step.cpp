@@ -340,8 +340,12 @@ void StepStream::backward_passes(const std::vector<MicroBatchShape>& micro_batch
 }
 
 StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to) {
-  CudaCachingAllocatorModel allocator;
-  std::vector<const void*> block(requests.size(), nullptr);  // by id: ids are below the count
+  // One allocator and one table per thread, emptied between predictions: building them afresh
+  // (4,097 buckets, the blocks' arena) was a fifth of a prediction.
+  thread_local CudaCachingAllocatorModel allocator;
+  thread_local std::vector<const void*> block;
+  allocator.clear();
+  block.assign(requests.size(), nullptr);  // by id: ids are below the count
   const auto apply = [&](const Request& r) {
     const auto id = static_cast<size_t>(r.id);
     if (r.bytes > 0) {

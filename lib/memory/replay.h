@@ -238,11 +238,6 @@ void vision_forward(Timeline& t, const Vit& v);
 // chunk first; parameter gradients are stolen by the first chunk processed when `first_step`.
 void vision_backward(Timeline& t, const Vit& v, bool first_step);
 
-// The same under bf16 autocast (replay_vision_bf16.cpp): on return of the forward the image
-// embeddings are bf16 (2 n I D).
-void vision_forward_bf16(Timeline& t, const Vit& v);
-void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step);
-
 // A ViT frozen in bf16 storage, in either precision (replay_vision_bf16.cpp): the chunk
 // converted to bf16 and run without a graph, every tensor bf16 (the LayerNorm statistics too)
 // but the softmax; on return its bf16 output (2 n P d) is live, nothing else.
@@ -269,8 +264,35 @@ void vit_block_forward_2x(Timeline& t, const Vit& v, const Chunk& c);
 void vit_block_forward_nograd_2x(Timeline& t, const Vit& v, const Chunk& c);
 void vit_block_backward_2x(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
                            bool nested);
-void vit_checkpointed_block_backward_2x(Timeline& t, const Vit& v, const Chunk& c,
-                                        const Sinks& sink);
+
+// What the image path's kernels allocate, per LibTorch version and precision: the walk
+// (replay_vision.cpp: chunks, blocks, checkpointing, where each chunk's gradients go) is one,
+// and runs these rules. fp32 on 1.13 and 2.x (replay_vision_fp32.cpp; 2.x's blocks in
+// replay_vision_2x.cpp), bf16 autocast on 1.13 (replay_vision_bf16.cpp).
+struct VitKernels {
+  // One block with a graph, without one (a checkpointed block's forward, a frozen ViT), and
+  // its backward from the output's gradient g (live; on return the input's gradient).
+  // `nested`: inside a checkpointed block's autograd::grad, where the outer node holds g and
+  // the block input is the checkpoint's.
+  void (*block_forward)(Timeline& t, const Vit& v, const Chunk& c);
+  void (*block_forward_nograd)(Timeline& t, const Vit& v, const Chunk& c);
+  void (*block_backward)(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink, bool nested);
+  // The patch embedding from the chunk's pixels to the first block's input (live on return),
+  // and its backward from that input's gradient (live; freed).
+  void (*patch_embedding)(Timeline& t, const Vit& v, const Chunk& c);
+  void (*patch_embedding_backward)(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink);
+  // The projector (pixel shuffle and linear) on the fp32 features (live, the caller's; freed
+  // here when nothing keeps them): the image embeddings live on return.
+  void (*project)(Timeline& t, const Vit& v, const Chunk& c);
+  // Its backward from the chunk's slice of the image embeddings' gradient (`last`: the chunk
+  // processed last, which frees the whole gradient, `image_gradient` bytes) to the features'
+  // gradient (live on return when the ViT is trained).
+  void (*project_backward)(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient,
+                           bool last, const Sinks& sink);
+};
+const VitKernels& vit_kernels_fp32();     // LibTorch 1.13
+const VitKernels& vit_kernels_fp32_2x();  // LibTorch 2.x
+const VitKernels& vit_kernels_bf16();     // LibTorch 1.13, bf16 autocast
 
 // One chunk's sizes in fp32 bytes: the residual stream X, the MLP M, the scores A, one
 // statistic per token S.
@@ -340,6 +362,18 @@ inline void layer_norm_backward(Timeline& t, const Vit& v, const Chunk& c, const
   t.free((frees_input ? c.X : 0) + 2 * c.S);
   accumulate(t, e * v.d, sink, /*view=*/false);
   accumulate(t, e * v.d, sink, /*view=*/false);
+}
+
+// The head views' gradients reshaped back to [n, P, d] (`copies` of them copied, `part` bytes
+// each; the gradient each came from dies), then SplitBackward0 concatenating q's, k's and v's
+// into qkv's gradient (3 parts), which the caller's linear backward consumes at once.
+inline void qkv_split_backward(Timeline& t, int copies, int64_t part) {
+  for (int k = 0; k < copies; ++k) {
+    t.alloc(part);
+    t.free(part);
+  }
+  t.alloc(3 * part);
+  t.free(3 * part);
 }
 
 // A block's parameters in block->parameters() order: ln1, qkv, out, ln2, fc1, fc2 (weight,

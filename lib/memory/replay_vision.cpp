@@ -1,5 +1,8 @@
 // The image path's replay (memory/replay.h): the ViT (vision_transformer.cpp) and the projector
-// (modality_projector.cpp), fp32, both trained, no checkpointing.
+// (modality_projector.cpp) per chunk of crops, forward and backward, one walk for every
+// LibTorch version and precision: what differs (which kernel a block, the patch embedding or
+// the projector runs, and what it allocates and keeps) is the VitKernels the walk is given
+// (replay_vision_fp32.cpp, replay_vision_2x.cpp, replay_vision_bf16.cpp).
 //
 // Per chunk of n crops: X = 4nPd (a d-wide activation), M = 4nPm (an MLP activation),
 // A = 4nhP^2 (one attention score matrix per head), S = 4nP (a LayerNorm statistic).
@@ -37,106 +40,34 @@ Vit vit_of(const MemorySpec& spec, const BatchShape& b) {
 
 namespace {
 
-// A linear with bias backward. LibTorch 1.13's linear on a 3-D input is matmul, then the bias
-// added in place, so two nodes run: the in-place add's, whose bias gradient is the engine's
-// sum_to over the rows (it reaches its AccumulateGrad at once), then matmul's mm: the weight's
-// gradient (column-major, viewed back by TBackward0) and the input's (`grad_in` bytes, 0 when
-// the input needs none); then the output's gradient (`grad_out` bytes) is freed if the mm
-// held its last reference (`frees_grad`), then the kept input (`kept_input` bytes).
-void linear_backward(Timeline& t, int64_t grad_in, int64_t in, int64_t out, int64_t grad_out,
-                     bool frees_grad, int64_t kept_input, const Sinks& sink) {
-  t.alloc(e * out);
-  accumulate(t, e * out, sink);
-  t.alloc(e * in * out + grad_in);
-  if (frees_grad) t.free(grad_out);
-  t.free(kept_input);
-  accumulate(t, e * in * out, sink);
+const VitKernels& kernels_of(const Vit& v) {
+  if (v.bf16) return vit_kernels_bf16();
+  return v.torch2 ? vit_kernels_fp32_2x() : vit_kernels_fp32();
 }
-
-// One pre-LN block (vision_transformer.cpp:85-88; attention :56-67 and compat.h's math path).
-// matmul reshapes the per-head views of qkv to [n h, P, hd] for bmm: a contiguous copy of each
-// of q, k^T and v (kept by bmm) when n > 1 and h > 1; otherwise the reshape is a view (a size-1
-// dimension merges with anything) and the views keep qkv's storage instead. The context,
-// `attended.transpose(1, 2).contiguous()`, is a copy when h > 1 and the attention output
-// itself when h == 1.
-void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
-  const bool head_copies = c.n > 1 && v.h > 1, context_copy = v.h > 1;
-  layer_norm_forward(t, c);  // Y1, kept by qkv_proj
-  t.alloc(3 * c.X);          // qkv
-  if (head_copies) t.alloc(2 * c.X);  // matmul(q, k^T): the copies of q and k^T,
-  t.alloc(c.A);                       // the scores
-  // `* scale`: the wrapped scale beside the scaled scores; the unscaled ones die.
-  t.alloc(kWrappedScalar + c.A);
-  t.free(kWrappedScalar + c.A);
-  t.alloc(c.A);                   // softmax, kept
-  if (head_copies) t.alloc(c.X);  // matmul(P, v): v's copy and the output
-  t.alloc(c.X);
-  t.free(c.A);                       // the scaled scores, at sdpa's return
-  if (context_copy) t.alloc(c.X);    // the context (kept by out_proj)
-  t.alloc(c.X);                      // out_proj
-  // At attn's return: the attention output (unless it is the context) and qkv (unless its
-  // views are kept) die.
-  t.free((context_copy ? c.X : 0) + (head_copies ? 3 * c.X : 0));
-  t.alloc(c.X);              // h = x + o, kept by ln2
-  t.free(c.X);               // o
-  layer_norm_forward(t, c);  // Y2, kept by fc1
-  t.alloc(2 * c.M);          // fc1 (kept by GELU), GELU (kept by fc2)
-  t.alloc(c.X);              // fc2
-  t.alloc(c.X);              // out = h + fc2, kept by the next LayerNorm
-  t.free(c.X);               // fc2
-}
-
-// One block's forward without a graph (CheckpointFunction::forward under NoGradGuard): the
-// LayerNorm statistics die with the call, matmul's head copies when it returns, every other
-// intermediate with its statement or scope; the output stays.
-void block_forward_nograd(Timeline& t, const Vit& v, const Chunk& c) {
-  const bool head_copies = c.n > 1 && v.h > 1, context_copy = v.h > 1;
-  t.alloc(c.X + 2 * c.S);  // ln1: Y1 (a temporary of the statement) and its statistics
-  t.free(2 * c.S);
-  t.alloc(3 * c.X);  // qkv
-  if (head_copies) t.alloc(2 * c.X);
-  t.alloc(c.A);  // q k^T
-  if (head_copies) t.free(2 * c.X);
-  t.alloc(kWrappedScalar + c.A);  // * scale
-  t.free(kWrappedScalar + c.A);   // the wrapped scale, the unscaled scores
-  t.alloc(c.A);                   // softmax
-  if (head_copies) t.alloc(c.X);  // P v: v's copy, the output
-  t.alloc(c.X);
-  if (head_copies) t.free(c.X);
-  t.free(2 * c.A);  // the scores and probabilities, at sdpa's return
-  if (context_copy) t.alloc(c.X);
-  t.alloc(c.X);                                       // out_proj
-  t.free((context_copy ? c.X : 0) + c.X + 3 * c.X);  // the context, attended, qkv
-  t.alloc(c.X);                                       // h = x + o
-  t.free(2 * c.X);                                    // o, Y1
-  t.alloc(c.X + 2 * c.S);  // ln2: Y2 and its statistics
-  t.free(2 * c.S);
-  t.alloc(2 * c.M + c.X);  // fc1, GELU, fc2
-  t.free(2 * c.M);
-  t.alloc(c.X);        // out = h + fc2
-  t.free(3 * c.X);     // fc2, Y2, h
-}
-
-void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink, bool nested);
 
 // A checkpointed block's backward (activation_checkpoint.cpp:67-102), from its output's
 // gradient: the RNG state the recompute replaces, the recompute with a graph, autograd::grad
 // (every parameter gradient captured until it returns); then the recomputed output, the output's
-// gradient and the saved input die. The node's outputs reach their buffers in order (with
-// chunks, each a new out-of-place sum replacing the old one) and die together afterwards, before
-// any AccumulateGrad runs.
-void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
+// gradient and the saved input die. The captured gradients join their buffers (with chunks: as
+// a new sum replacing the old one on 1.13; on 2.x only a linear's, at the second chunk
+// processed) and die together afterwards, before any AccumulateGrad runs.
+void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
+                                 const VitKernels& k) {
   t.alloc(kCpuRngStateBytes);
-  block_forward(t, v, c);
+  k.block_forward(t, v, c);
   t.free(kCpuRngStateBytes);
-  block_backward(t, v, c, Sinks{Sink::kKeep, false}, /*nested=*/true);
+  k.block_backward(t, v, c, Sinks{Sink::kKeep, false, 0, sink.torch2}, /*nested=*/true);
   t.free(3 * c.X);
   int64_t gradients = 0;
-  for (const int64_t n : block_parameters(v)) {
-    gradients += e * n;
-    if (sink.chunked && sink.sink != Sink::kKeep) {
-      t.alloc(e * n);  // the new sum
-      t.free(e * n);   // the old one
+  const auto parameters = block_parameters(v);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const int64_t bytes = e * parameters[i];
+    gradients += bytes;
+    // ln1, qkv, out, ln2, fc1, fc2 (weight, bias each): the LayerNorms' are not views.
+    const bool view = !(i < 2 || (i >= 6 && i < 8));
+    if (sums_out_of_place(sink, view)) {
+      t.alloc(bytes);  // the new sum
+      t.free(bytes);   // the old one
     }
   }
   if (sink.sink == Sink::kAdd) t.free(gradients);  // the contributions (added, or summed)
@@ -145,46 +76,34 @@ void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, cons
 }
 
 // One chunk's ViT and projector (vision_language_model.cpp:63-66); leaves the projector's
-// output (4 n I D) live.
-void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
-  const int64_t patches = e * c.n * v.P * v.patch_values, images = e * c.n * v.I * v.D;
+// output (n I D) live.
+void chunk_forward(Timeline& t, const Vit& v, const Chunk& c, const VitKernels& k) {
   if (v.vision_bf16_storage) {
-    // Its bf16 output converted to the projector's fp32, which runs as below; the bf16 output
-    // dies with the encode lambda.
     frozen_bf16_vit_forward(t, v, c);
     if (v.projector_bf16_storage) {  // bf16 to bf16: no conversion
       project_bf16_storage(t, v, c, /*features_fp32=*/false);
       t.free(c.X / 2);
       return;
     }
+    // Its bf16 output converted to the projector's fp32; the bf16 output dies with the encode
+    // lambda.
     t.alloc(c.X);
-    if (v.shuffle_copies) t.alloc(c.X);
-    t.alloc(images);
-    if (v.shuffle_copies && !v.projector_trained) t.free(c.X);
-    if (v.shuffle_copies || !v.projector_trained) t.free(c.X);
+    k.project(t, v, c);
     t.free(c.X / 2);
     return;
   }
-  // Patch embedding (vision_transformer.cpp:45-58): the patches (a contiguous copy, kept by
-  // the linear for the kernel's gradient), the linear's output, the positions added; the
-  // linear's output dies with the statement (a frozen ViT: the patches at return too).
-  t.alloc(patches + c.X + c.X);
-  t.free(c.X);
-  if (!v.vision_trained) t.free(patches);
-  const auto forward_nograd = v.torch2 ? vit_block_forward_nograd_2x : block_forward_nograd;
+  k.patch_embedding(t, v, c);
   t.repeat(v.Lv, [&](Timeline& block) {
     if (!v.vision_trained) {
       // No graph (checkpointed() runs the block as it is): the block's temporaries, and its
       // input once `x` is reassigned.
-      forward_nograd(block, v, c);
+      k.block_forward_nograd(block, v, c);
       block.free(c.X);
     } else if (v.checkpoint) {
       block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      forward_nograd(block, v, c);
-    } else if (v.torch2) {
-      vit_block_forward_2x(block, v, c);
+      k.block_forward_nograd(block, v, c);
     } else {
-      block_forward(block, v, c);
+      k.block_forward(block, v, c);
     }
   });
   if (v.vision_trained) {
@@ -198,96 +117,18 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
     t.free(c.X);  // the features, with the encode lambda
     return;
   }
-  // The projector: the pixel shuffle's contiguous copy (kept by the linear when its weight is
-  // trained; with a factor of 1 the reshapes are views and the features themselves are kept),
-  // the linear's output. The copy dies with the statement when nothing keeps it, the features
-  // when the encode lambda returns unless kept.
-  if (v.shuffle_copies) t.alloc(c.X);
-  t.alloc(images);
-  if (v.shuffle_copies && !v.projector_trained) t.free(c.X);
-  if (v.shuffle_copies || !v.projector_trained) t.free(c.X);
-}
-
-// One block's backward, from its output's gradient g (X, live, kept live: on return it is the
-// block input's gradient).
-// `nested`: inside a checkpointed block's autograd::grad (its parameter gradients captured:
-// `sink` keeps them), where the block output's gradient g stays held by the outer node and the
-// block input is the checkpoint's (its gradient captured as an out-of-place sum).
-void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
-                    bool nested = false) {
-  // out = h + fc2 passes g to both. fc2 (g stays: h's buffer shares it): GELU's output freed.
-  linear_backward(t, c.M, v.m, v.d, c.X, false, c.M, sink);
-  // GELU: its input's gradient; then fc2's input gradient and the kept fc1 output are freed.
-  t.alloc(c.M);
-  t.free(2 * c.M);
-  // fc1: Y2's gradient; its input gradient and Y2 freed.
-  linear_backward(t, c.X, v.d, v.m, c.M, true, c.X, sink);
-  // ln2 (frees Y2's gradient, h, the statistics); dX is summed with g into a new buffer, and
-  // both addends die (g lives on when the outer node holds it).
-  layer_norm_backward(t, v, c, sink);
-  if (nested) {
-    t.transient(c.X);
-  } else {
-    t.free(c.X);
-  }
-  // h = x + o passes g on. out_proj: the context's gradient; the kept context freed.
-  linear_backward(t, c.X, v.d, v.d, c.X, false, c.X, sink);
-  // The context's views back to the attention output: reshaping the transposed gradient to
-  // [n h, P, hd] copies it when n > 1 and h > 1 (else a view); the context's gradient dies.
-  const bool head_copies = c.n > 1 && v.h > 1;
-  if (head_copies) {
-    t.alloc(c.X);
-    t.free(c.X);
-  }
-  // P @ v: the probabilities' and v's gradients; the incoming gradient and v's copy die.
-  t.alloc(c.A + c.X);
-  t.free(c.X + (head_copies ? c.X : 0));
-  // softmax: its input's gradient; the incoming one and the probabilities die.
-  t.alloc(c.A);
-  t.free(2 * c.A);
-  // `* scale` (the wrapped scale and a 4 B temporary at its top).
-  t.transient(12);
-  t.alloc(c.A);
-  t.free(c.A);
-  // q k^T: q's and k^T's gradients; the incoming one dies, and the copies of q and k^T (or
-  // qkv, which the views kept).
-  t.alloc(2 * c.X);
-  t.free(c.A + (head_copies ? 2 * c.X : 3 * c.X));
-  // Each head view's backward reshapes a transposed gradient to [n, P, d]: a copy each when
-  // h > 1 (the gradient it came from dies); then SplitBackward0 concatenates the three (3X)
-  // and frees them.
-  if (v.h > 1) {
-    for (int k = 0; k < 3; ++k) {
-      t.alloc(c.X);
-      t.free(c.X);
-    }
-  }
-  t.alloc(3 * c.X);
-  t.free(3 * c.X);
-  // qkv_proj: Y1's gradient; the concatenated gradient and Y1 die.
-  linear_backward(t, c.X, v.d, 3 * v.d, 3 * c.X, true, c.X, sink);
-  // ln1 (frees Y1's gradient, the block input, the statistics); dX summed with g.
-  layer_norm_backward(t, v, c, sink, /*frees_input=*/!nested);
-  if (nested) t.transient(c.X);
-  t.free(c.X);
+  k.project(t, v, c);
 }
 
 // One chunk's backward, from its slice of the image embeddings' gradient; `last` is the chunk
-// processed last (the first one), whose projector frees the whole gradient (4 n I D of every
-// chunk).
-void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient,
-                    bool last, const Sinks& sink) {
-  // Projector (mm without bias): the shuffled features' gradient (a trained ViT) and the
-  // weight's (a trained projector); then the image gradient (if this holds its last view) and
-  // the kept shuffle copy (or the features; kept only for the weight's gradient).
+// processed last (the first one), whose projector frees the whole gradient (`image_gradient`:
+// every chunk's).
+void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient, bool last,
+                    const Sinks& sink, const VitKernels& k) {
   if (v.projector_bf16_storage) {
     project_backward_bf16_storage(t, v, c, image_gradient, last);
   } else {
-    const int64_t weight = v.projector_trained ? e * v.Dp * v.D : 0;
-    t.alloc((v.vision_trained ? c.X : 0) + weight);
-    if (last) t.free(image_gradient);
-    if (v.projector_trained) t.free(c.X);
-    if (v.projector_trained) accumulate(t, weight, sink);
+    k.project_backward(t, v, c, image_gradient, last, sink);
     if (!v.vision_trained) return;
     // The shuffle's permute backward leaves a permuted gradient that the features' reshape
     // copies (a factor of 1: views only).
@@ -300,73 +141,40 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   // statistics); its dX is the last block's output gradient g.
   layer_norm_backward(t, v, c, sink);
   t.repeat(v.Lv, [&](Timeline& block) {
-    if (v.checkpoint && v.torch2) {
-      vit_checkpointed_block_backward_2x(block, v, c, sink);
-    } else if (v.checkpoint) {
-      checkpointed_block_backward(block, v, c, sink);
-    } else if (v.torch2) {
-      vit_block_backward_2x(block, v, c, sink, /*nested=*/false);
+    if (v.checkpoint) {
+      checkpointed_block_backward(block, v, c, sink, k);
     } else {
-      block_backward(block, v, c, sink);
+      k.block_backward(block, v, c, sink, /*nested=*/false);
     }
   });
-  // Patch embedding: x0 = linear + positions. The positions' gradient is g summed over the
-  // crops (a new [1, P, d]). With one crop it is g itself, shared with the linear's branch, so
-  // nothing can take it over: AccumulateGrad clones a first gradient and adds a later one in
-  // place, while the engine's buffer (chunks) keeps the first and sums the others out of place
-  // (a new sum, the old one freed).
-  const int64_t positions = e * v.P * v.d;
-  bool g_dies = true;
-  if (c.n > 1) {
-    t.alloc(positions);
-    accumulate(t, positions, sink, /*view=*/false);
-  } else if (sink.sink == Sink::kKeep) {
-    if (sink.chunked) {
-      g_dies = false;  // the buffer holds g itself
-    } else {
-      t.alloc(positions);
-    }
-  } else if (sink.chunked) {
-    t.transient(positions);
-    if (sink.sink == Sink::kRelease) t.free(positions);
-  }
-  // The linear (the patches need no gradient): the bias's gradient, then the kernel's (2.x's
-  // addmm: both at once); then g (unless the positions' buffer holds it) and the kept patches
-  // die.
-  const int64_t patches = e * c.n * v.P * v.patch_values;
-  if (v.torch2) {
-    t.alloc(e * v.patch_values * v.d + e * v.d);
-    if (g_dies) t.free(c.X);
-    t.free(patches);
-    accumulate(t, e * v.d, sink);
-    accumulate(t, e * v.patch_values * v.d, sink);
-  } else {
-    linear_backward(t, 0, v.patch_values, v.d, c.X, g_dies, patches, sink);
-  }
+  k.patch_embedding_backward(t, v, c, sink);
+}
+
+// The image embeddings' bytes: bf16 under autocast or from a projector stored in bf16.
+int64_t image_embedding_bytes(const Vit& v) {
+  return (v.bf16 || v.projector_bf16_storage ? 2 : e) * v.crops * v.I * v.D;
 }
 
 }  // namespace
 
 void vision_forward(Timeline& t, const Vit& v) {
-  if (v.bf16) return vision_forward_bf16(t, v);
+  const VitKernels& k = kernels_of(v);
   const auto chunks = v.chunks();
-  for (const int64_t n : chunks) chunk_forward(t, v, chunk_of(v, n));
+  for (const int64_t n : chunks) chunk_forward(t, v, chunk_of(v, n), k);
   if (chunks.size() > 1) {
     // torch::cat(pieces): the concatenation, then the pieces die (cat keeps nothing).
-    const int64_t images = (v.projector_bf16_storage ? 2 : e) * v.crops * v.I * v.D;
-    t.alloc(images);
-    t.free(images);
+    t.alloc(image_embedding_bytes(v));
+    t.free(image_embedding_bytes(v));
   }
 }
 
 void vision_backward(Timeline& t, const Vit& v, bool first_step) {
-  if (v.bf16) return vision_backward_bf16(t, v, first_step);
+  const VitKernels& k = kernels_of(v);
   const auto chunks = v.chunks();
-  const int64_t images = (v.projector_bf16_storage ? 2 : e) * v.crops * v.I * v.D;
-  for (size_t k = chunks.size(); k-- > 0;) {
-    const size_t processed = chunks.size() - 1 - k;
-    chunk_backward(t, v, chunk_of(v, chunks[k]), images, k == 0,
-                   sinks_of(processed, chunks.size(), first_step, v.torch2));
+  for (size_t c = chunks.size(); c-- > 0;) {
+    const size_t processed = chunks.size() - 1 - c;
+    chunk_backward(t, v, chunk_of(v, chunks[c]), image_embedding_bytes(v), c == 0,
+                   sinks_of(processed, chunks.size(), first_step, v.torch2), k);
   }
 }
 

@@ -95,39 +95,10 @@ void vit_block_backward_2x(Timeline& t, const Vit& v, const Chunk& c, const Sink
   t.alloc(3 * c.X);
   t.transient(flash_backward_buffer(v.threads, c.n, v.h, v.P, false));
   t.free(c.X + 3 * c.X + log_sum_exp(v, c) + c.X);
-  t.alloc(3 * c.X);
-  t.free(3 * c.X);
+  qkv_split_backward(t, 0, c.X);
   linear_backward(t, c.X, v.d, 3 * v.d, 3 * c.X, true, c.X, sink);  // qkv; Y1 dies
   layer_norm_backward(t, v, c, sink, /*frees_input=*/!nested);      // LN1
   t.free(c.X);  // dX, added into the input's gradient in place
-}
-
-// A checkpointed block's backward (activation_checkpoint.cpp): the RNG state the recompute
-// replaces, the recompute with a graph, autograd::grad (every parameter gradient captured
-// until it returns); then the recomputed output, the output's gradient and the saved input
-// die. The captured gradients join their buffers (with chunks: a linear's as a new sum at the
-// second chunk processed, in place otherwise) and die together afterwards.
-void vit_checkpointed_block_backward_2x(Timeline& t, const Vit& v, const Chunk& c,
-                                        const Sinks& sink) {
-  t.alloc(kCpuRngStateBytes);
-  vit_block_forward_2x(t, v, c);
-  t.free(kCpuRngStateBytes);
-  vit_block_backward_2x(t, v, c, Sinks{Sink::kKeep, false, 0, true}, /*nested=*/true);
-  t.free(3 * c.X);
-  int64_t gradients = 0;
-  const auto parameters = block_parameters(v);
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    const int64_t bytes = e * parameters[i];
-    gradients += bytes;
-    // ln1, qkv, out, ln2, fc1, fc2 (weight, bias each): the LayerNorms' are not views.
-    const bool view = !(i < 2 || (i >= 6 && i < 8));
-    if (sums_out_of_place(sink, view)) {
-      t.alloc(bytes);  // the new sum
-      t.free(bytes);   // the old one
-    }
-  }
-  if (sink.sink == Sink::kAdd) t.free(gradients);
-  if (sink.sink == Sink::kRelease) t.free(2 * gradients);
 }
 
 }  // namespace vlm::memory::replay

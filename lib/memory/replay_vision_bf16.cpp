@@ -1,6 +1,7 @@
-// The image path's forward and backward under bf16 autocast (LibTorch 1.13 on the CPU): the
-// ViT and the projector trained or frozen in fp32 storage, in chunks of vision_chunk_crops or
-// not, checkpointed or not. As in the decoder
+// The image path's kernels under bf16 autocast (LibTorch 1.13 on the CPU; memory/replay.h,
+// VitKernels: the walk in replay_vision.cpp runs them): the blocks, the patch embedding and the
+// projector of a ViT and projector trained or frozen in fp32 storage; and the ViT and
+// projector frozen in bf16 storage, in either precision. As in the decoder
 // (replay_language_bf16.cpp): each linear's product casts its weight (a view: one copy per
 // use) and its fp32 input to bf16 and keeps both for the backward; LibTorch 1.13's linear on a
 // 3-D input is matmul then `add_(bias)`, and adding the fp32 bias into the bf16 output in
@@ -216,8 +217,7 @@ void block_forward(Timeline& t, const Vit& v, const Chunk& c) {
 // One block's backward from its output's fp32 gradient g (live; on return the block input's).
 // `nested`: inside a checkpointed block's autograd::grad, where g stays held by the outer node
 // and the block input is the checkpoint's.
-void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
-                    bool nested = false) {
+void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink, bool nested) {
   const Heads a = heads_of(v, c);
   const int64_t rows = c.n * v.P, hd = v.d / v.h, scores = c.A / 2;
   // out = h + fc2: g goes to h and, converted to bf16, to fc2 (which kept GELU's output).
@@ -271,42 +271,13 @@ void block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink
   t.free(scores + (a.copies ? 2 * a.rows : 3 * a.rows));
   // The head views' backward: two of the three gradients are copied back to [n, P, d] when
   // h > 1; SplitBackward0 concatenates the three into qkv's bf16 gradient.
-  if (v.h > 1) {
-    for (int k = 0; k < 2; ++k) {
-      t.alloc(a.rows);
-      t.free(a.rows);
-    }
-  }
-  t.alloc(3 * a.rows);
-  t.free(3 * a.rows);
+  qkv_split_backward(t, v.h > 1 ? 2 : 0, a.rows);
   linear_backward(t, v, rows, v.d, 3 * v.d, true, sink);  // qkv, to Y1's fp32 gradient
   // ln1 (frees Y1's gradient, the block input unless the checkpoint keeps it, the
   // statistics); dX and the residual's gradient summed out of place.
   layer_norm_backward(t, v, c, sink, /*frees_input=*/!nested);
   t.alloc(c.X);
   t.free(2 * c.X);
-}
-
-// A checkpointed block's backward (activation_checkpoint.cpp:67-102), as in fp32
-// (replay_vision.cpp): the RNG state around the recompute with a graph, autograd::grad with
-// every parameter gradient captured, then the recomputed output, the output's gradient and the
-// saved input die and the captured gradients reach their buffers.
-void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
-  t.alloc(kCpuRngStateBytes);
-  block_forward(t, v, c);
-  t.free(kCpuRngStateBytes);
-  block_backward(t, v, c, Sinks{Sink::kKeep, false}, /*nested=*/true);
-  t.free(3 * c.X);
-  int64_t gradients = 0;
-  for (const int64_t n : block_parameters(v)) {
-    gradients += e * n;
-    if (sink.chunked && sink.sink != Sink::kKeep) {
-      t.alloc(e * n);
-      t.free(e * n);
-    }
-  }
-  if (sink.sink == Sink::kAdd) t.free(gradients);
-  if (sink.sink == Sink::kRelease) t.free(2 * gradients);
 }
 
 // The projector (mm without bias) on the fp32 features (live, freed here with the encode
@@ -322,31 +293,17 @@ void project(Timeline& t, const Vit& v, const Chunk& c) {
   t.free(c.X + (v.shuffle_copies ? c.X : 0));
 }
 
-// One chunk's ViT and projector; leaves the projector's bf16 output (2 n I D) live. A frozen
-// ViT (fp32 storage) builds no graph: its casts and intermediates die as they go.
-void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
+// The patch embedding under autocast: the patches (fp32, a contiguous copy), the kernel's copy,
+// the patches' (kept by a trained ViT), the bf16 output and the scratchpad; the kernel's copy
+// dies at once (the patches need no gradient), and without a graph the patches' copy with it,
+// before the bias is added in place (as every product's copies in a frozen block); `+
+// positions` converts the output to fp32 beside the sum. At the statement's end the bf16
+// output and the fp32 patches die. (On a CPU with oneDNN's bf16 kernels the scratchpad's
+// moment hid the frozen ViT's bias-add moment; an AVX2-only CPU, with no scratchpad, showed
+// it.)
+void patch_embedding(Timeline& t, const Vit& v, const Chunk& c) {
   const int64_t rows = c.n * v.P, patches = e * rows * v.patch_values;
   const int64_t kernel = h * v.d * v.patch_values;
-  if (v.vision_bf16_storage) {
-    frozen_bf16_vit_forward(t, v, c);
-    if (v.projector_bf16_storage) {  // bf16 to bf16: no conversion
-      project_bf16_storage(t, v, c, /*features_fp32=*/false);
-      t.free(c.X / 2);
-      return;
-    }
-    // Its bf16 output converted to the projector's fp32, which then runs as below.
-    t.alloc(c.X);
-    project(t, v, c);
-    t.free(c.X / 2);  // the ViT's output, with the encode lambda
-    return;
-  }
-  // Patch embedding: the patches (fp32, a contiguous copy), the kernel's copy, the patches'
-  // (kept by a trained ViT), the bf16 output and the scratchpad; the kernel's copy dies at once
-  // (the patches need no gradient), and without a graph the patches' copy with it, before the
-  // bias is added in place (as every product's copies in a frozen block); `+ positions`
-  // converts the output to fp32 beside the sum. At the statement's end the bf16 output and the
-  // fp32 patches die. (On a CPU with oneDNN's bf16 kernels the scratchpad's moment hid the
-  // frozen ViT's bias-add moment; an AVX2-only CPU, with no scratchpad, showed it.)
   t.alloc(patches + kernel + patches / 2 + c.X / 2);
   t.transient(
       bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, rows, v.patch_values, v.d, false, true));
@@ -354,86 +311,15 @@ void chunk_forward(Timeline& t, const Vit& v, const Chunk& c) {
   t.transient(2 * c.X);
   t.alloc(2 * c.X);
   t.free(c.X + c.X / 2 + patches);
-  t.repeat(v.Lv, [&](Timeline& block) {
-    if (!v.vision_trained) {
-      block_forward_nograd(block, v, c);
-      block.free(c.X);  // its input, once `x` is reassigned
-    } else if (v.checkpoint) {
-      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      block_forward_nograd(block, v, c);
-    } else {
-      block_forward(block, v, c);
-    }
-  });
-  if (v.vision_trained) {
-    layer_norm_forward(t, c);  // the features
-  } else {
-    t.alloc(c.X + 2 * c.S);  // the statistics die with the call, the last block's output at
-    t.free(2 * c.S + c.X);   // the ViT's return
-  }
-  // The projector (mm without bias): the shuffle's copy (fp32), the weight's bf16 copy (kept
-  // for the features' gradient when the ViT is trained), the input's (kept for the weight's
-  // gradient when the projector is), the output and the scratchpad; the features and the
-  // shuffle's copy die when the encode lambda returns.
-  if (v.projector_bf16_storage) {
-    project_bf16_storage(t, v, c, /*features_fp32=*/true);
-    t.free(c.X);  // the features, with the encode lambda
-    return;
-  }
-  project(t, v, c);
 }
 
-// One chunk's backward from its slice of the image embeddings' bf16 gradient; `last`: the
-// chunk processed last (the first one), whose projector frees the whole gradient
-// (`image_gradient`: every chunk's).
-void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient,
-                    bool last, const Sinks& sink) {
+// The patch embedding's backward under autocast, from the first block's input gradient g (fp32,
+// live).
+// x0 = (linear + bias) + positions: g goes, converted to bf16, to the linear's output, and
+// summed over the crops to the positions (with one crop it is g itself); then g dies unless
+// the positions' gradient is g.
+void patch_embedding_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {
   const int64_t rows = c.n * v.P;
-  // The projector's mm: the weight's gradient (a trained projector), the features' (a trained
-  // ViT); then the incoming gradient and the kept copies die; the ToCopyBackward0 of the
-  // input, then of the weight.
-  if (v.projector_bf16_storage) {
-    project_backward_bf16_storage(t, v, c, image_gradient, last);
-  } else {
-    const int64_t weight = h * v.Dp * v.D;
-    if (v.projector_trained) {
-      t.alloc(weight);
-      t.transient(
-          bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
-    }
-    if (v.vision_trained) {
-      t.alloc(c.X / 2);
-      t.transient(
-          bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
-    }
-    t.free((last ? image_gradient : 0) + (v.projector_trained ? c.X / 2 : 0) +
-           (v.vision_trained ? weight : 0));
-    if (v.vision_trained) {
-      t.alloc(c.X);
-      t.free(c.X / 2);
-    }
-    if (v.projector_trained) {
-      t.alloc(2 * weight);
-      t.free(weight);
-      accumulate(t, 2 * weight, sink);
-    }
-    if (!v.vision_trained) return;
-    if (v.shuffle_copies) {  // the permute's gradient copied by the features' reshape
-      t.alloc(c.X);
-      t.free(c.X);
-    }
-  }
-  layer_norm_backward(t, v, c, sink);  // the final LayerNorm: g, the last block's output's
-  t.repeat(v.Lv, [&](Timeline& block) {
-    if (v.checkpoint) {
-      checkpointed_block_backward(block, v, c, sink);
-    } else {
-      block_backward(block, v, c, sink);
-    }
-  });
-  // Patch embedding: x0 = (linear + bias) + positions. g goes, converted to bf16, to the
-  // linear's output, and summed over the crops to the positions (with one crop it is g
-  // itself); then g dies unless the positions' gradient is g.
   const int64_t positions = e * v.P * v.d;
   t.alloc(c.X / 2);
   if (c.n > 1) {
@@ -460,6 +346,35 @@ void chunk_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gra
   t.alloc(2 * kernel);
   t.free(kernel);
   accumulate(t, 2 * kernel, sink);
+}
+
+// The projector's backward under autocast: the weight's gradient (a trained projector), the
+// features' (a trained ViT); then the incoming gradient and the kept copies die; the
+// ToCopyBackward0 of the input, then of the weight.
+void project_backward(Timeline& t, const Vit& v, const Chunk& c, int64_t image_gradient, bool last,
+                      const Sinks& sink) {
+  const int64_t weight = h * v.Dp * v.D;
+  if (v.projector_trained) {
+    t.alloc(weight);
+    t.transient(
+        bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, v.D, c.n * v.I, v.Dp, true, false));
+  }
+  if (v.vision_trained) {
+    t.alloc(c.X / 2);
+    t.transient(
+        bf16_matmul_scratch(v.onednn_bf16, v.threads, 0, c.n * v.I, v.D, v.Dp, false, false));
+  }
+  t.free((last ? image_gradient : 0) + (v.projector_trained ? c.X / 2 : 0) +
+         (v.vision_trained ? weight : 0));
+  if (v.vision_trained) {
+    t.alloc(c.X);
+    t.free(c.X / 2);
+  }
+  if (v.projector_trained) {
+    t.alloc(2 * weight);
+    t.free(weight);
+    accumulate(t, 2 * weight, sink);
+  }
 }
 
 }  // namespace
@@ -507,24 +422,11 @@ void project_backward_bf16_storage(Timeline& t, const Vit& v, const Chunk& c,
   t.free(c.X / 2);
 }
 
-void vision_forward_bf16(Timeline& t, const Vit& v) {
-  const auto chunks = v.chunks();
-  for (const int64_t n : chunks) chunk_forward(t, v, chunk_of(v, n));
-  if (chunks.size() > 1) {  // torch::cat(pieces), then the pieces die
-    const int64_t images = h * v.crops * v.I * v.D;
-    t.alloc(images);
-    t.free(images);
-  }
-}
-
-void vision_backward_bf16(Timeline& t, const Vit& v, bool first_step) {
-  const auto chunks = v.chunks();
-  const int64_t images = h * v.crops * v.I * v.D;
-  for (size_t k = chunks.size(); k-- > 0;) {
-    const size_t processed = chunks.size() - 1 - k;
-    chunk_backward(t, v, chunk_of(v, chunks[k]), images, k == 0,
-                   sinks_of(processed, chunks.size(), first_step, /*torch2=*/false));
-  }
+const VitKernels& vit_kernels_bf16() {
+  static const VitKernels k{block_forward,   block_forward_nograd,     block_backward,
+                            patch_embedding, patch_embedding_backward, project,
+                            project_backward};
+  return k;
 }
 
 }  // namespace vlm::memory::replay

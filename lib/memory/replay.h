@@ -188,9 +188,6 @@ void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
 
 // down_proj, SiLU and the product backward, the same in both versions (replay_language.cpp).
 void swiglu_backward(Timeline& t, const Lm& x, bool keep);
-// A checkpointed block's backward: the recompute and autograd::grad around either version's
-// block (replay_language.cpp).
-void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step);
 
 // A decoder block on LibTorch 2.x, fp32 (replay_language_2x.cpp), which language_forward and
 // language_backward run when Lm::torch2: with a graph (trained, or frozen with a gradient
@@ -206,15 +203,45 @@ void rms_norm_forward_2x(Timeline& t, const Lm& x);
 void rms_norm_backward_2x(Timeline& t, const Lm& x, bool first_step, bool residual, bool held,
                           bool keeps_input);
 
-// The same phases under bf16 autocast (replay_language_bf16.cpp).
-void language_forward_bf16(Timeline& t, const Lm& x);
-// The decoder and the loss without a graph (Lm::no_graph), under autocast or stored in bf16.
-void language_forward_no_graph_bf16(Timeline& t, const Lm& x);
-void language_backward_bf16(Timeline& t, const Lm& x, bool first_step);
-// Pieces the backward (replay_language_bf16_backward.cpp) shares with the forward: a trained
-// (or bf16-stored) block, and summed_cross_entropy over `rows` rows (`graph`: kept for a
-// backward, else its copies die).
+// The decoder's kernels under bf16 autocast or stored in bf16 (LibTorch 1.13's): a block with a
+// graph (trained, or bf16-stored; replay_language_bf16.cpp), its backward, the loss's backward
+// and the final norm's (replay_language_bf16_backward.cpp).
 void block_forward_bf16(Timeline& t, const Lm& x);
+void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested);
+void loss_backward_bf16(Timeline& t, const Lm& x, bool first_step);
+void norm_backward_bf16(Timeline& t, const Lm& x, bool first_step);
+
+// What the decoder's and the loss's kernels allocate, per LibTorch version and precision: the
+// walk (replay_language.cpp: the blocks, checkpointed or not, the final norm, the loss, the
+// checkpointed block's frame) is one, and runs these rules. fp32 on 1.13 and 2.x
+// (replay_language_fp32.cpp; 2.x's blocks in replay_language_2x.cpp), bf16 autocast and a
+// decoder stored in bf16 on 1.13 (replay_language_bf16.cpp).
+struct DecoderKernels {
+  // One block with a graph (trained, or frozen with a gradient through it), without one, and
+  // its backward from the output's gradient (live; on return the input's). `first_block`: the
+  // block whose input is the LM input; `nested`: inside a checkpointed block's
+  // autograd::grad, which captures the parameter gradients.
+  void (*block_forward)(Timeline& t, const Lm& x);
+  void (*block_forward_nograd)(Timeline& t, const Lm& x);
+  void (*block_backward)(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested);
+  // The final norm with a graph, without one, and its backward (its input's gradient live on
+  // return).
+  void (*norm_forward)(Timeline& t, const Lm& x);
+  void (*norm_forward_nograd)(Timeline& t, const Lm& x);
+  void (*norm_backward)(Timeline& t, const Lm& x, bool first_step);
+  // The loss from the final norm's output, and its backward to that output's gradient.
+  void (*loss_forward)(Timeline& t, const Lm& x);
+  void (*loss_backward)(Timeline& t, const Lm& x, bool first_step);
+  // summed_cross_entropy over `rows` rows without a graph: on return the logits, the
+  // log-probabilities, the loss and the total weight are live.
+  void (*cross_entropy_nograd)(Timeline& t, const Lm& x, int64_t rows);
+  // The products keep bf16 copies, not the fp32 RoPE tables, which then die with the forward.
+  bool tables_die_with_forward;
+};
+const DecoderKernels& decoder_kernels_fp32();     // LibTorch 1.13
+const DecoderKernels& decoder_kernels_fp32_2x();  // LibTorch 2.x
+const DecoderKernels& decoder_kernels_bf16();     // LibTorch 1.13, autocast or bf16 storage
+
 // Whether a [batch, rows, cols] per-head view is copied before a oneDNN product: heads of one
 // segment are strided unless the view is the whole of a contiguous tensor.
 struct HeadLayout {
@@ -228,6 +255,9 @@ inline HeadLayout head_layout(const Lm& x, int64_t L) {
   const bool kv_copied = gqa ? !(x.B == 1 && L == x.N) : x.Hq > 1;
   return {q_copied, kv_copied};
 }
+// summed_cross_entropy over `rows` rows under autocast (replay_language_bf16.cpp), shared by the
+// forward and the chunked loss's recompute: `graph`: its copies kept for a backward, else they
+// die.
 void cross_entropy_forward_bf16(Timeline& t, const Lm& x, int64_t rows, bool graph);
 
 // --- vision (replay_vision.cpp) ------------------------------------------------------------

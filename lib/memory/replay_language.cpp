@@ -1,3 +1,10 @@
+// The decoder and the loss in the replay of memory/replay.h, forward and backward, one walk for
+// every LibTorch version and precision: the blocks (repeated, checkpointed or not, trained,
+// frozen or without a graph), the final norm, the loss, and the checkpointed block's frame;
+// what a kernel allocates and keeps is the DecoderKernels the walk is given (fp32 on 1.13 and
+// 2.x: replay_language_fp32.cpp, replay_language_2x.cpp, replay_rms_norm.cpp, replay_loss.cpp;
+// bf16 autocast and a decoder stored in bf16: replay_language_bf16.cpp and
+// replay_language_bf16_backward.cpp).
 #include "memory/replay.h"
 
 #include "memory/saved_activations.h"
@@ -63,283 +70,6 @@ void rotary_projections(Timeline& t, const Lm& x) {
   }
 }
 
-namespace {
-
-// v, then the packed attention with a graph (q, k and v require a gradient), up to the
-// concatenated output: the same whether the block's weights are trained or frozen.
-void attention_forward(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv;
-  const bool gqa = x.Hkv < x.Hq;
-  t.alloc(kv);  // v = v_proj(y1) (:82), a view of the projection
-  if (gqa) {
-    // repeat_interleave (packed_attention.cpp:93-94) = index_select with an Hq-long int64
-    // index (kept) into contiguous [B, Hq, T, hd] keys and values; flat() (:66-69) then
-    // clones them, unless B == 1 where the reshape is a view.
-    t.alloc(2 * (hidden + 8 * x.Hq));
-    if (x.B > 1) t.alloc(2 * hidden);
-  }
-  // Per segment (packed_attention.cpp:74-82, compat.h:139-145), the top is at matmul(P, v):
-  // the causal mask (L^2, bool), its logical_not (kept by masked_fill), the masked scores S2
-  // and the probabilities P (4 Hq L^2 each) and the output. P, the mask and the output stay.
-  for_each_segment(t, x.segments, [&](Timeline& s, int64_t L) {
-    const int64_t out = e * x.Hq * L * x.hd;
-    s.transient(2 * L * L + 8 * x.Hq * L * L + out);
-    s.alloc(e * x.Hq * L * L + L * L + out);
-  });
-  t.alloc(hidden);                         // torch::cat(outputs) (:83)
-  t.free(hidden);                          // the outputs, at segment_attention's return
-  if (gqa && x.B > 1) t.free(2 * hidden);  // keys, values at multi_head_attention's return
-}
-
-// One decoder block, fp32, trainable (language_model.cpp:105-110).
-void block_forward(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv;
-  const bool gqa = x.Hkv < x.Hq;
-  rms_norm_forward(t, x);  // norm1: sq1, r1, n1, y1 (y1 kept by q/k/v projections)
-  rotary_projections(t, x);
-  attention_forward(t, x);
-  t.alloc(hidden);  // ctx = transpose().contiguous() (language_model.cpp:85), kept by out_proj
-  t.alloc(hidden);  // o = out_proj(ctx)
-  t.free(hidden);   // attended (the cat) at attn's return
-  if (gqa) t.free(2 * kv);  // k and v (not kept: the index_select keeps its index only)
-  t.alloc(hidden);          // h = x + o (:108), kept by norm2
-  t.free(hidden);           // o
-  rms_norm_forward(t, x);   // norm2
-  const int64_t mlp = e * x.N * x.F;
-  t.alloc(4 * mlp);  // gate, silu, up, product (language_model.cpp:95), all kept
-  t.alloc(hidden);   // down
-  t.alloc(hidden);   // out = h + down (:109), kept by the next norm
-  t.free(hidden);    // down
-}
-
-// One decoder block with frozen weights, a gradient flowing through it to a trained image
-// path: the linears keep only their weights, so their inputs (y1, the context, y2, the
-// product) die with their statements; the rest is kept as when trained.
-void block_forward_frozen(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
-  const bool gqa = x.Hkv < x.Hq;
-  rms_norm_forward_frozen(t, x);  // y1, a temporary of the statement
-  rotary_projections(t, x);
-  attention_forward(t, x);
-  t.alloc(2 * hidden);                     // the context, out_proj
-  t.free(2 * hidden);                      // the context (kept by nobody), attended
-  if (gqa) t.free(2 * kv);                 // k and v
-  t.alloc(hidden);                         // h = x + o, kept by norm2
-  t.free(2 * hidden);                      // o, y1
-  rms_norm_forward_frozen(t, x);           // y2
-  t.alloc(4 * mlp + hidden);  // up, gate, silu (kept), the product, down
-  t.free(mlp);                // the product
-  t.alloc(hidden);            // out = h + down, kept by the next norm
-  t.free(2 * hidden);         // down, y2
-}
-
-// One decoder block's forward without a graph (CheckpointFunction::forward runs it under
-// NoGradGuard): every intermediate dies with its statement or scope; the output stays.
-void block_forward_nograd(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
-  const bool gqa = x.Hkv < x.Hq;
-  rms_norm_forward_nograd(t, x);  // y1, a temporary of the statement (language_model.cpp:108)
-  rotary_projections(t, x);
-  t.alloc(kv);  // v = v_proj(y1)
-  if (gqa) {
-    t.alloc(2 * (hidden + 8 * x.Hq));  // repeat_interleave's keys and values (and indices)
-    t.free(2 * 8 * x.Hq);
-    if (x.B > 1) t.alloc(2 * hidden);  // flat() copies them
-  }
-  for_each_segment(t, x.segments, [&](Timeline& s, int64_t L) {
-    const int64_t scores = e * x.Hq * L * L, out = e * x.Hq * L * x.hd;
-    s.alloc(L * L);  // the causal mask (ones, then tril; the ones die)
-    s.alloc(L * L);
-    s.free(L * L);
-    s.alloc(scores + kWrappedScalar + scores);  // q k^T, the wrapped scale, * scale
-    s.free(kWrappedScalar + scores);
-    s.alloc(L * L + scores);  // logical_not, masked_fill; the scaled scores and the not die
-    s.free(scores + L * L);
-    s.alloc(scores + out);       // softmax, P v
-    s.free(2 * scores + L * L);  // probabilities, masked scores, the mask
-  });
-  t.alloc(hidden);  // torch::cat(outputs)
-  t.free(hidden);   // the outputs
-  if (gqa) t.free((x.B > 1 ? 2 * hidden : 0) + 2 * hidden);  // copies, keys, values
-  t.alloc(2 * hidden);  // the context, out_proj
-  t.free(hidden + hidden + hidden + 2 * kv);  // the context, attended, q, k, v
-  t.alloc(hidden);      // h = x + o
-  t.free(2 * hidden);   // o, y1
-  rms_norm_forward_nograd(t, x);  // y2
-  t.alloc(4 * mlp + hidden);  // up, gate, silu, product, down (:95, right to left)
-  t.free(4 * mlp);
-  t.alloc(hidden);          // out = h + down
-  t.free(3 * hidden);       // down, y2, h
-}
-
-}  // namespace
-
-// down's MmBackward0 (the product's gradient, 4NF, and W_down's; the kept product is
-// released), MulBackward0 (silu * up: both factors' gradients; then its input gradient and the
-// kept silu output and up projection die), SiluBackward0 (one 4NF; then silu's gradient and
-// the kept gate projection die): the same in 1.13 and 2.x. On return the gate projection's
-// gradient (4NF) is live.
-void swiglu_backward(Timeline& t, const Lm& x, bool keep) {
-  const int64_t mlp = e * x.N * x.F;
-  const int64_t w = x.frozen ? 0 : e, kept_input = x.frozen ? 0 : 1;
-  t.alloc(mlp + w * x.D * x.F);
-  t.free(kept_input * mlp);
-  accumulate_grad(t, w * x.D * x.F, keep);
-  t.alloc(2 * mlp);
-  t.free(3 * mlp);
-  t.alloc(mlp);
-  t.free(2 * mlp);
-}
-
-namespace {
-
-// One decoder block's backward (language_model.cpp:105-110), from its output's gradient g
-// (4ND, live), nodes in the engine's order (highest sequence_nr first), each freeing what it
-// saved once it has run and its input gradients once consumed.
-void block_backward(Timeline& t, const Lm& x, bool first_step, bool first_block,
-                    bool nested = false) {
-  const bool keep = first_step || nested;  // nested: autograd::grad captures the gradients
-  const int64_t hidden = e * x.N * x.D, kv = e * x.N * x.Dkv, mlp = e * x.N * x.F;
-  const bool gqa = x.Hkv < x.Hq;
-  // A frozen decoder computes no weight gradient and kept no linear input (y1, the context,
-  // y2, the product): the weights' bytes and those releases are 0.
-  const int64_t w = x.frozen ? 0 : e, kept_input = x.frozen ? 0 : 1;
-  // MLP (:95). AddBackward0 (out = h + down) hands g to both h and down, allocating nothing.
-  swiglu_backward(t, x, keep);
-  // up's and gate's MmBackward0: y2's gradient (4ND) and the weight's; then their input
-  // gradients; after the second, y2 is released and the two y2 gradients are summed in place.
-  for (int k = 0; k < 2; ++k) {
-    t.alloc(hidden + w * x.D * x.F);
-    t.free(mlp);
-    accumulate_grad(t, w * x.D * x.F, keep);
-  }
-  t.free(kept_input * hidden + hidden);
-  // norm2 (:109), into h's gradient buffer (g, which h's add passed on).
-  rms_norm_backward(t, x, first_step || nested, /*residual=*/true, /*checkpoint_input=*/false,
-                    /*holds_incoming=*/nested);
-  // AddBackward0 (h = x + o) passes g on. out_proj's MmBackward0: the context's gradient dC
-  // (4ND) and W_o's; the kept context is released.
-  t.alloc(hidden + w * x.D * x.D);
-  t.free(kept_input * hidden);
-  accumulate_grad(t, w * x.D * x.D, keep);
-  // The views back to the cat (packed_attention.cpp:83) are free: each segment's output
-  // gradient is a narrow view of dC, which lives until the first segment's P @ V backward.
-  // Segments run last first. Per segment: P @ V's BmmBackward0 (dP, dV_i), SoftmaxBackward0,
-  // MaskedFillBackward0, the scale's MulBackward1 (a wrapped scalar and 4 B), Q K^T's
-  // BmmBackward0 (dQ_i, dK_i), then three SliceBackward0: zeros [Hq, N, hd] each, kept as the
-  // flat q/k/v gradient by the first segment; for later ones the engine's InputBuffer
-  // allocates old + new (measured: not in place) and frees both.
-  const int64_t k_storage = gqa ? hidden : kv;  // what the kept k/v views keep alive
-  for_each_segment_reversed(t, x.segments,
-                            [&](Timeline& s, int64_t L, bool first_processed, bool last_processed) {
-                              const int64_t scores = e * x.Hq * L * L, rows = e * x.Hq * L * x.hd;
-                              s.alloc(scores + rows);                          // dP, dV_i
-                              if (last_processed) s.free(k_storage + hidden);  // v's storage; dC
-                              s.alloc(scores);                                 // dS
-                              s.free(2 * scores);                              // dP, P
-                              s.alloc(scores);         // masked_fill's gradient
-                              s.free(scores + L * L);  // dS, the mask
-                              s.transient(12);         // the wrapped scale
-                              s.alloc(scores);         // * scale
-                              s.free(scores);          //
-                              s.alloc(2 * rows);       // dQ_i, dK_i
-                              s.free(scores);          // its input gradient
-                              if (last_processed)
-                                s.free(hidden + k_storage);  // q's and k's storages
-                              for (int k = 0; k < 3; ++k) {
-                                s.alloc(hidden);
-                                s.free(rows);
-                                if (!first_processed) {
-                                  // The engine's InputBuffer adds it out of place (old + new) and
-                                  // frees both.
-                                  s.alloc(hidden);
-                                  s.free(2 * hidden);
-                                }
-                              }
-                            });
-  // v (created last): GQA's IndexSelectBackward0 for v then k (zeros [B, Hkv, T, hd] +
-  // index_add; the flat gradient and the kept index are freed); the head view's backward copies
-  // the gradient (a reshape of a transposed tensor); v_proj's MmBackward0: y1's gradient and
-  // W_v's (the first y1 gradient: kept in y1's buffer).
-  if (gqa) {
-    t.alloc(kv);
-    t.free(hidden + 8 * x.Hq);
-    t.alloc(kv);
-    t.free(hidden + 8 * x.Hq);
-  }
-  t.alloc(kv);  // view copy
-  t.free(kv);   // v's gradient (flat at g == 1, index_select's at g > 1)
-  t.alloc(hidden + w * x.D * x.Dkv);
-  t.free(kv);
-  accumulate_grad(t, w * x.D * x.Dkv, keep);
-  // k then q: RoPE's backward (:57): grad * s, grad * c, then the incoming gradient is freed;
-  // rotate_half's NegBackward0 (half width) and SplitBackward0 (a cat, full width); then
-  // those are freed but the sum; the view copy; the projection's MmBackward0; y1's gradients
-  // summed in place. Block 0's q muls are the last to keep RoPE's cos and sin (4N hd each).
-  for (const bool q : {false, true}) {
-    const int64_t width = q ? hidden : kv, weight = w * x.D * (q ? x.D : x.Dkv);
-    const bool frees_tables = q && first_block;
-    t.alloc(width);                            // grad * s
-    if (frees_tables) t.free(e * x.N * x.hd);  // sin
-    t.alloc(width);                            // grad * c
-    if (frees_tables) t.free(e * x.N * x.hd);  // cos
-    t.free(width);  // the flat q gradient, or k's (flat at g == 1, index_select's at g > 1)
-    t.alloc(width / 2);
-    t.alloc(width);
-    t.free(width + width / 2 + width);
-    t.alloc(width);  // view copy
-    t.free(width);
-    t.alloc(hidden + weight);
-    t.free(width);
-    if (q) t.free(kept_input * hidden);  // y1, released by its last user (q_proj)
-    t.free(hidden);         // y1's gradient, summed in place
-    accumulate_grad(t, weight, keep);
-  }
-  rms_norm_backward(t, x, first_step || nested, /*residual=*/true,
-                    /*checkpoint_input=*/nested);  // norm1
-}
-
-}  // namespace
-
-// A checkpointed block's backward (activation_checkpoint.cpp:67-102), from its output's
-// gradient: the RNG state the recompute replaces (restored after it), the recompute with a
-// graph, then autograd::grad over it, which holds every parameter gradient of the block until
-// it returns (captured, not accumulated); the block input is the checkpoint's, released after.
-// The same frame in LibTorch 1.13 and 2.x around their own blocks.
-void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t hidden = e * x.N * x.D;
-  const int64_t parameters =
-      x.frozen ? 0 : e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
-  t.alloc(kCpuRngStateBytes);
-  if (x.torch2) {
-    block_forward_2x(t, x);
-  } else if (x.frozen) {
-    block_forward_frozen(t, x);
-  } else {
-    block_forward(t, x);
-  }
-  t.free(kCpuRngStateBytes);
-  if (x.torch2) {
-    block_backward_2x(t, x, first_step, /*first_block=*/false, /*nested=*/true);
-  } else {
-    block_backward(t, x, first_step, /*first_block=*/false, /*nested=*/true);
-  }
-  t.free(hidden);  // the recomputed output
-  t.free(hidden);  // the output's gradient, with the node's inputs
-  t.free(hidden);  // the saved input
-  if (!first_step) t.free(parameters);
-}
-
-// The decoder's and the loss's forward; `t.live` gains their saved bytes (saved_activations,
-// checked by the test).
-//
-// With a trained decoder the maximum is the loss moment (logits beside the kept
-// log-probabilities, with `hidden` and the mask) unless the image path's peak is higher: every
-// earlier moment's transient is smaller than what the forward saves after it. The earlier
-// moments (segment_ids, RoPE, the blocks' rotary and attention tops) follow the per-op
-// accounting of docs/memory.md and are kept in the replay; the attention tops were checked to
-// the byte against the allocator block by block. With very few supervised tokens the top is
-// instead `supervised.sum()` (token_loss.cpp:30), which casts the mask to int64 (8N bytes).
 // segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,
 // searchsorted and the `- 1` (int64 each), all freed at once; then the RoPE tables
 // (language_model.cpp:45-51): angles, their cat, cos and sin; cos and sin stay.
@@ -352,100 +82,123 @@ void decoder_prologue(Timeline& t, const Lm& x) {
 
 namespace {
 
-// The decoder and the loss without a graph (Lm::no_graph), fp32: checkpointed() calls each
-// block (and each loss chunk) directly, every intermediate dies as it goes, each block's input
-// when `x` is reassigned (the LM input is its caller's), and nothing is kept for a backward:
-// the log-probabilities and the rows die with their calls. Only the loss and the count stay.
-void language_forward_no_graph(Timeline& t, const Lm& x) {
-  const int64_t hidden = e * x.N * x.D, tables = 2 * e * x.N * x.hd;
-  const auto block_forward = x.torch2 ? block_forward_nograd_2x : block_forward_nograd;
+const DecoderKernels& kernels_of(const Lm& x) {
+  if (x.bf16 || x.bf16_storage) return decoder_kernels_bf16();
+  return x.torch2 ? decoder_kernels_fp32_2x() : decoder_kernels_fp32();
+}
+
+// The residual stream's bytes: bf16 in a decoder stored in bf16, fp32 otherwise.
+int64_t stream_bytes(const Lm& x) { return (x.bf16_storage ? 2 : e) * x.N * x.D; }
+
+// The decoder and the loss without a graph (Lm::no_graph): checkpointed() calls each block (and
+// each loss chunk) directly, every intermediate dies as it goes, each block's input when `x` is
+// reassigned (the LM input is its caller's), and nothing is kept for a backward: the
+// log-probabilities and the rows die with their calls. Only the loss and the count stay.
+void language_forward_no_graph(Timeline& t, const Lm& x, const DecoderKernels& k) {
+  const int64_t stream = stream_bytes(x), tables = 2 * e * x.N * x.hd;
   decoder_prologue(t, x);
-  block_forward(t, x);
+  k.block_forward_nograd(t, x);
   t.repeat(x.Ll - 1, [&](Timeline& block) {
-    block_forward(block, x);
-    block.free(hidden);
+    k.block_forward_nograd(block, x);
+    block.free(stream);
   });
-  rms_norm_forward_nograd(t, x);  // the final norm
-  t.free(hidden + tables);        // the last block's output and the tables, at return
+  k.norm_forward_nograd(t, x);  // the final norm
+  t.free(stream + tables);      // the last block's output and the tables, at return
   loss_preparation(t, x);
   if (x.loss_chunks.empty()) {
-    t.alloc(2 * e * x.Ns * x.V + 4 + 4);  // logits, log-probabilities, loss, total weight
-    t.free(2 * e * x.Ns * x.V + 4 + 4);   // ... and the zero loss, replaced
+    k.cross_entropy_nograd(t, x, x.Ns);
+    t.free(2 * e * x.Ns * x.V + 4 + 4);  // ... and the zero loss, replaced
   } else {
     for (const int64_t rows : x.loss_chunks) {
-      t.alloc(2 * e * rows * x.V + 4 + 4);
+      k.cross_entropy_nograd(t, x, rows);
       t.free(2 * e * rows * x.V + 4);
       t.alloc(4);
       t.free(4 + 4);
     }
   }
-  t.free(8 * x.Ns + e * x.Ns * x.D + 8 * x.Ns + x.N);  // positions, rows, targets, supervised
-  t.free(hidden);                                      // hidden
+  // The positions, rows, targets and supervised mask; then hidden.
+  t.free(8 * x.Ns + (x.bf16_storage ? 2 : e) * x.Ns * x.D + 8 * x.Ns + x.N);
+  t.free(stream);
+}
+
+// A checkpointed block's backward (activation_checkpoint.cpp:67-102), from its output's
+// gradient: the RNG state the recompute replaces (restored after it), the recompute with a
+// graph, then autograd::grad over it, which holds every parameter gradient of the block until
+// it returns (captured, not accumulated); the block input is the checkpoint's, released after.
+// The same frame around every version's and precision's block.
+void checkpointed_block_backward(Timeline& t, const Lm& x, bool first_step,
+                                 const DecoderKernels& k) {
+  const int64_t parameters =
+      x.frozen ? 0 : e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
+  t.alloc(kCpuRngStateBytes);
+  k.block_forward(t, x);
+  t.free(kCpuRngStateBytes);
+  k.block_backward(t, x, first_step, /*first_block=*/false, /*nested=*/true);
+  // The recomputed output, the output's gradient (with the node's inputs), the saved input.
+  t.free(3 * stream_bytes(x));
+  if (!first_step) t.free(parameters);
 }
 
 }  // namespace
 
+// The decoder's and the loss's forward; `t.live` gains their saved bytes (saved_activations,
+// checked by the test).
+//
+// With a trained decoder the maximum is the loss moment (logits beside the kept
+// log-probabilities, with `hidden` and the mask) unless the image path's peak is higher: every
+// earlier moment's transient is smaller than what the forward saves after it. The earlier
+// moments (segment_ids, RoPE, the blocks' rotary and attention tops) follow the per-op
+// accounting of docs/memory.md and are kept in the replay; the attention tops were checked to
+// the byte against the allocator block by block. With very few supervised tokens the top is
+// instead `supervised.sum()` (token_loss.cpp:30), which casts the mask to int64 (8N bytes).
 void language_forward(Timeline& t, const Lm& x) {
-  if (x.no_graph) {
-    if (x.bf16 || x.bf16_storage) return language_forward_no_graph_bf16(t, x);
-    return language_forward_no_graph(t, x);
-  }
-  if (x.bf16 || x.bf16_storage) return language_forward_bf16(t, x);
-  // fp32: one walk, each block and norm as the version runs it (1.13's, or 2.x's in
-  // replay_language_2x.cpp and replay_rms_norm.cpp).
-  const int64_t hidden = e * x.N * x.D;
+  const DecoderKernels& k = kernels_of(x);
+  if (x.no_graph) return language_forward_no_graph(t, x, k);
+  const int64_t stream = stream_bytes(x);
   decoder_prologue(t, x);
-  t.repeat(x.Ll, [&](Timeline& block) {
-    if (x.checkpoint) {
-      block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-      (x.torch2 ? block_forward_nograd_2x : block_forward_nograd)(block, x);
-    } else if (x.torch2) {
-      block_forward_2x(block, x);  // trained or frozen
-    } else if (x.frozen) {
-      block_forward_frozen(block, x);
-    } else {
-      block_forward(block, x);
-    }
-  });
-  // Final RMSNorm (language_model.cpp:147): sq (1.13), r and n kept; `hidden` lives until
-  // forward_embeddings returns (vision_language_model.cpp:103-107), through the loss.
-  if (x.torch2) {
-    rms_norm_forward_2x(t, x);
-  } else if (x.frozen) {
-    rms_norm_forward_frozen(t, x);
+  if (x.bf16_storage && !x.checkpoint) {
+    // Nothing keeps a block's bf16 input (its norm keeps an fp32 copy): it dies when `x` is
+    // reassigned, but the LM input, which its caller holds.
+    k.block_forward(t, x);
+    t.repeat(x.Ll - 1, [&](Timeline& block) {
+      k.block_forward(block, x);
+      block.free(stream);
+    });
   } else {
-    rms_norm_forward(t, x);
+    t.repeat(x.Ll, [&](Timeline& block) {
+      if (x.checkpoint) {
+        block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
+        k.block_forward_nograd(block, x);
+      } else {
+        k.block_forward(block, x);
+      }
+    });
   }
-  loss_forward(t, x);
-  t.free(x.N);              // supervised
-  t.free(hidden);           // hidden
+  // The final norm (language_model.cpp:147); `hidden` lives until forward_embeddings returns
+  // (vision_language_model.cpp:103-107), through the loss.
+  k.norm_forward(t, x);
+  // Products that keep bf16 copies keep no fp32 RoPE table: the tables die with the forward's
+  // scope, unless the checkpointed blocks' closures keep them.
+  if (k.tables_die_with_forward && !x.checkpoint) t.free(2 * e * x.N * x.hd);
+  k.loss_forward(t, x);
+  t.free(x.N);     // supervised
+  t.free(stream);  // hidden
 }
 
-// Backward of the loss, the head and the final norm, then the blocks, last first.
+// Backward of the loss, the head and the final norm, then the blocks, last first; each ends
+// with its input's gradient live.
 void language_backward(Timeline& t, const Lm& x, bool first_step) {
-  if (x.bf16 || x.bf16_storage) return language_backward_bf16(t, x, first_step);
+  const DecoderKernels& k = kernels_of(x);
   objective_backward(t);
-  loss_backward(t, x, first_step);
-  // Final RMSNorm (language_model.cpp:147); its input, the last block's output, is kept by
-  // this norm only. Then the blocks, last first; each ends with its input's gradient live.
-  if (x.torch2) {
-    rms_norm_backward_2x(t, x, first_step, /*residual=*/false, /*held=*/false,
-                         /*keeps_input=*/false);
-  } else {
-    rms_norm_backward(t, x, first_step, /*residual=*/false);
-  }
-  const auto block_backward_of = [&](Timeline& block, bool first_block) {
-    if (x.torch2) {
-      block_backward_2x(block, x, first_step, first_block, /*nested=*/false);
-    } else {
-      block_backward(block, x, first_step, first_block);
-    }
-  };
+  k.loss_backward(t, x, first_step);
+  k.norm_backward(t, x, first_step);
   if (x.checkpoint) {
-    t.repeat(x.Ll, [&](Timeline& block) { checkpointed_block_backward(block, x, first_step); });
+    t.repeat(x.Ll, [&](Timeline& block) { checkpointed_block_backward(block, x, first_step, k); });
   } else {
-    t.repeat(x.Ll - 1, [&](Timeline& block) { block_backward_of(block, /*first_block=*/false); });
-    block_backward_of(t, /*first_block=*/true);
+    t.repeat(x.Ll - 1, [&](Timeline& block) {
+      k.block_backward(block, x, first_step, /*first_block=*/false, /*nested=*/false);
+    });
+    k.block_backward(t, x, first_step, /*first_block=*/true, /*nested=*/false);
   }
 }
 

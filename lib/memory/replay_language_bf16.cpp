@@ -281,73 +281,32 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
   if (x.bf16_storage) t.free(hidden);  // h: its norm kept an fp32 copy, not h itself
 }
 
-void language_forward_no_graph_bf16(Timeline& t, const Lm& x) {
-  const int64_t element = x.bf16_storage ? h : e;  // of the stream and the rows
-  const int64_t stream = element * x.N * x.D, tables = 2 * e * x.N * x.hd;
-  decoder_prologue(t, x);
-  block_forward_nograd_bf16(t, x);
-  t.repeat(x.Ll - 1, [&](Timeline& block) {
-    block_forward_nograd_bf16(block, x);
-    block.free(stream);
-  });
-  (x.bf16_storage ? rms_norm_forward_bf16_storage_nograd : rms_norm_forward_nograd)(t, x);
-  t.free(stream + tables);  // the last block's output and the tables, at return
-  loss_preparation(t, x);
-  if (x.loss_chunks.empty()) {
-    cross_entropy_forward_bf16(t, x, x.Ns, /*graph=*/false);
-    t.free(2 * e * x.Ns * x.V + 4 + 4);  // ... and the zero loss, replaced
-  } else {
-    for (const int64_t rows : x.loss_chunks) {
-      cross_entropy_forward_bf16(t, x, rows, /*graph=*/false);
-      t.free(2 * e * rows * x.V + 4);
-      t.alloc(4);
-      t.free(4 + 4);
-    }
+namespace {
+
+// The final norm under autocast, or of a decoder stored in bf16, whose last block's output (an
+// fp32 copy of which the norm keeps) dies at return.
+void norm_forward(Timeline& t, const Lm& x) {
+  if (x.bf16_storage) {
+    rms_norm_forward_bf16_storage(t, x);
+    t.free(h * x.N * x.D);
+    return;
   }
-  t.free(8 * x.Ns + element * x.Ns * x.D + 8 * x.Ns + x.N);
-  t.free(stream);  // hidden
+  (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);
 }
 
-void language_forward_bf16(Timeline& t, const Lm& x) {
-  const int64_t stream = e * x.N * x.D;
-  const int64_t tables = 2 * e * x.N * x.hd;
-  decoder_prologue(t, x);
-  const int64_t hidden = h * x.N * x.D;
-  if (x.bf16_storage && !x.checkpoint) {
-    // Nothing keeps a block's bf16 input (its norm keeps an fp32 copy): it dies when `x` is
-    // reassigned, but the LM input, which its caller holds.
-    block_forward_bf16(t, x);
-    t.repeat(x.Ll - 1, [&](Timeline& block) {
-      block_forward_bf16(block, x);
-      block.free(hidden);
-    });
-    rms_norm_forward_bf16_storage(t, x);  // the final norm
-    t.free(hidden);                       // the last block's output, at return
-  } else {
-    t.repeat(x.Ll, [&](Timeline& block) {
-      if (x.checkpoint) {
-        block.alloc(kCpuRngStateBytes);  // kept by the block's CheckpointFunction
-        block_forward_nograd_bf16(block, x);
-      } else {
-        block_forward_bf16(block, x);
-      }
-    });
-    // The final norm; in a decoder stored in bf16 the last block's output, which the norm
-    // keeps an fp32 copy of, dies at return.
-    if (x.bf16_storage) {
-      rms_norm_forward_bf16_storage(t, x);
-      t.free(hidden);
-    } else {
-      (x.frozen ? rms_norm_forward_frozen : rms_norm_forward)(t, x);
-    }
-  }
-  // The products kept bf16 copies: the fp32 tables die with the forward's scope, unless the
-  // checkpointed blocks' closures keep them.
-  if (!x.checkpoint) t.free(tables);
-  // Loss (token_loss.cpp): as in fp32 up to the rows and the count; then the head's bf16 copy
-  // (an explicit cast, kept), the rows' (autocast, kept), bf16 logits and the scratchpad, the
-  // fp32 logits (the bf16 ones die), log-probabilities (kept), loss and total weight.
-  // A decoder stored in bf16 gives bf16 rows.
+void norm_forward_nograd(Timeline& t, const Lm& x) {
+  (x.bf16_storage ? rms_norm_forward_bf16_storage_nograd : rms_norm_forward_nograd)(t, x);
+}
+
+void cross_entropy_nograd(Timeline& t, const Lm& x, int64_t rows) {
+  cross_entropy_forward_bf16(t, x, rows, /*graph=*/false);
+}
+
+// The loss (token_loss.cpp) under autocast: as in fp32 up to the rows and the count; then the
+// head's bf16 copy (an explicit cast, kept), the rows' (autocast, kept), bf16 logits and the
+// scratchpad, the fp32 logits (the bf16 ones die), log-probabilities (kept), loss and total
+// weight. A decoder stored in bf16 gives bf16 rows.
+void loss_forward_bf16(Timeline& t, const Lm& x) {
   const int64_t row_bytes = x.bf16_storage ? h : e;
   loss_preparation(t, x);
   if (x.loss_chunks.empty()) {
@@ -369,8 +328,22 @@ void language_forward_bf16(Timeline& t, const Lm& x) {
       t.free(4 + 4);
     }
   }
-  t.free(x.N);                                // supervised
-  t.free(x.bf16_storage ? hidden : stream);  // hidden
+}
+
+}  // namespace
+
+const DecoderKernels& decoder_kernels_bf16() {
+  static const DecoderKernels k{block_forward_bf16,
+                                block_forward_nograd_bf16,
+                                block_backward_bf16,
+                                norm_forward,
+                                norm_forward_nograd,
+                                norm_backward_bf16,
+                                loss_forward_bf16,
+                                loss_backward_bf16,
+                                cross_entropy_nograd,
+                                /*tables_die_with_forward=*/true};
+  return k;
 }
 
 }  // namespace vlm::memory::replay

@@ -228,9 +228,12 @@ void rms_norm_backward_bf16_storage(Timeline& t, const Lm& x, bool residual,
   }
 }
 
+}  // namespace
+
 // One trained decoder block's backward under autocast, from its output's fp32 gradient g
 // (live), in the engine's order.
-void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested = false) {
+void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool /*first_block*/,
+                         bool nested) {
   // nested: inside a checkpointed block's backward, autograd::grad captures the weights'
   // gradients until it returns.
   const bool keep = first_step || nested;
@@ -300,50 +303,21 @@ void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool nested 
   }
 }
 
-// A checkpointed block's backward under autocast (activation_checkpoint.cpp:67-102), as in
-// fp32: the RNG state around the recompute with a graph, the nested backward, then the
-// recomputed output, the output's gradient and the saved input die; on later steps the
-// captured parameter gradients are added into .grad and freed.
-void checkpointed_block_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
-  const int64_t stream = (x.bf16_storage ? h : e) * x.N * x.D;
-  const int64_t parameters =
-      x.frozen ? 0 : e * (2 * x.D * x.D + 2 * x.D * x.Dkv + 3 * x.D * x.F + 2 * x.D);
-  t.alloc(kCpuRngStateBytes);
-  block_forward_bf16(t, x);
-  t.free(kCpuRngStateBytes);
-  block_backward_bf16(t, x, first_step, /*nested=*/true);
-  t.free(3 * stream);
-  if (!first_step) t.free(parameters);
-}
-
-}  // namespace
-
-void language_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
+void loss_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
   const int64_t element = x.bf16_storage ? h : e;  // of the stream and the rows
   const int64_t rows = element * x.Ns * x.D, head = e * x.V * x.D, stream = element * x.N * x.D;
-  objective_backward(t);
-  if (x.loss_chunks.empty()) {
-    cross_entropy_backward(t, x, x.Ns, 8 * x.Ns, /*frees_incoming=*/true);
-    // An untied head's gradient reaches its AccumulateGrad; a tied one waits for the
-    // embedding's.
-    if (!x.tied && !x.frozen) accumulate_grad(t, head, first_step);
-    t.alloc(stream);  // IndexSelectBackward0
-    t.free(rows + 8 * x.Ns);
-  } else {
-    chunked_loss_backward_bf16(t, x, first_step);
-  }
-  if (x.bf16_storage) {
-    rms_norm_backward_bf16_storage(t, x, /*residual=*/false);
-  } else {
-    rms_norm_backward(t, x, first_step, /*residual=*/false);
-  }
-  t.repeat(x.Ll, [&](Timeline& block) {
-    if (x.checkpoint) {
-      checkpointed_block_backward_bf16(block, x, first_step);
-    } else {
-      block_backward_bf16(block, x, first_step);
-    }
-  });
+  if (!x.loss_chunks.empty()) return chunked_loss_backward_bf16(t, x, first_step);
+  cross_entropy_backward(t, x, x.Ns, 8 * x.Ns, /*frees_incoming=*/true);
+  // An untied head's gradient reaches its AccumulateGrad; a tied one waits for the
+  // embedding's.
+  if (!x.tied && !x.frozen) accumulate_grad(t, head, first_step);
+  t.alloc(stream);  // IndexSelectBackward0
+  t.free(rows + 8 * x.Ns);
+}
+
+void norm_backward_bf16(Timeline& t, const Lm& x, bool first_step) {
+  if (x.bf16_storage) return rms_norm_backward_bf16_storage(t, x, /*residual=*/false);
+  rms_norm_backward(t, x, first_step, /*residual=*/false);
 }
 
 }  // namespace vlm::memory::replay

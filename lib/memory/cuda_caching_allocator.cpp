@@ -67,7 +67,7 @@ void CudaCachingAllocatorModel::clear() {
   spare_.clear();
   segments_.clear();
   allocated_ = reserved_ = peak_allocated_ = peak_reserved_ = 0;
-  next_address_ = uint64_t{1} << 48;
+  next_address_ = kFirstAddress;
 }
 
 void CudaCachingAllocatorModel::SmallPool::clear() {

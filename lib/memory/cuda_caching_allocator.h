@@ -55,7 +55,7 @@ class CudaCachingAllocatorModel {
   // Starts from a recorded state: the allocated blocks are live at their addresses.
   void load(const std::vector<Segment>& segments);
   // Back to the empty allocator, keeping the memory of its tables (the step replay makes a
-  // prediction after another on one model).
+  // prediction after another on one model). Every block handed out before is void.
   void clear();
 
   // A request of `bytes` (> 0). When no cached block fits, a segment is taken from the device,
@@ -134,11 +134,12 @@ class CudaCachingAllocatorModel {
   LargePool large_free_;
   std::unordered_map<uint64_t, Block*> live_;  // allocated blocks by address (free(address))
   std::deque<Block> arena_;                    // every block made; stable addresses
-  size_t arena_used_ = 0;                      // arena_'s blocks in use since clear()
+  size_t arena_used_ = 0;  // arena_'s blocks handed out since clear() (spare_'s included)
   std::vector<Block*> spare_;                  // blocks merged away, for reuse
   std::vector<Block*> segments_;               // each segment's first block
   int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
-  uint64_t next_address_ = uint64_t{1} << 48;
+  static constexpr uint64_t kFirstAddress = uint64_t{1} << 48;  // the model's own segments
+  uint64_t next_address_ = kFirstAddress;
 };
 
 }  // namespace vlm::memory

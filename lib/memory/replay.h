@@ -147,7 +147,7 @@ struct Vit {
 };
 Vit vit_of(const MemorySpec& spec, const BatchShape& shape);
 
-// --- language (replay_language.cpp; the loss, head and embeddings in replay_loss.cpp) -----
+// --- language (the walk in replay_language.cpp; the loss, head and embeddings in replay_loss.cpp)
 // segment_ids and the RoPE tables, before the blocks: cos and sin (4 N hd each) live on return.
 void decoder_prologue(Timeline& t, const Lm& x);
 // The loss's preparation (token_loss.cpp:23-30): on return the supervised mask, the positions,
@@ -169,7 +169,8 @@ void loss_forward(Timeline& t, const Lm& x);
 // Its backward from the objective's gradient to the final norm's output gradient (4ND, live
 // on return); a tied head's gradient waits in the embedding's buffer.
 void loss_backward(Timeline& t, const Lm& x, bool first_step);
-// q = RoPE(q_proj(y1)), then k: only the rotated tensors stay (both versions).
+// q = RoPE(q_proj(y1)), then k: only the rotated tensors stay (fp32, both versions;
+// replay_language_fp32.cpp).
 void rotary_projections(Timeline& t, const Lm& x);
 
 // RMSNorm on an fp32 input (language_model.cpp:33-37; replay_rms_norm.cpp), as the trained
@@ -186,13 +187,12 @@ void rms_norm_forward_frozen(Timeline& t, const Lm& x);
 void rms_norm_backward(Timeline& t, const Lm& x, bool first_step, bool residual,
                        bool checkpoint_input = false, bool holds_incoming = false);
 
-// down_proj, SiLU and the product backward, the same in both versions (replay_language.cpp).
+// down_proj, SiLU and the product backward, the same in both versions (replay_language_fp32.cpp).
 void swiglu_backward(Timeline& t, const Lm& x, bool keep);
 
-// A decoder block on LibTorch 2.x, fp32 (replay_language_2x.cpp), which language_forward and
-// language_backward run when Lm::torch2: with a graph (trained, or frozen with a gradient
-// through it), without one, and the backward (`nested`: inside a checkpointed block's
-// autograd::grad).
+// A decoder block on LibTorch 2.x, fp32 (replay_language_2x.cpp; decoder_kernels_fp32_2x's):
+// with a graph (trained, or frozen with a gradient through it), without one, and the backward
+// (`nested`: inside a checkpointed block's autograd::grad).
 void block_forward_2x(Timeline& t, const Lm& x);
 void block_forward_nograd_2x(Timeline& t, const Lm& x);
 void block_backward_2x(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested);
@@ -203,10 +203,10 @@ void rms_norm_forward_2x(Timeline& t, const Lm& x);
 void rms_norm_backward_2x(Timeline& t, const Lm& x, bool first_step, bool residual, bool held,
                           bool keeps_input);
 
-// The decoder's kernels under bf16 autocast or stored in bf16 (LibTorch 1.13's): a block with a
-// graph (trained, or bf16-stored; replay_language_bf16.cpp), its backward, the loss's backward
-// and the final norm's (replay_language_bf16_backward.cpp).
-void block_forward_bf16(Timeline& t, const Lm& x);
+// The decoder's kernels under bf16 autocast or stored in bf16 (LibTorch 1.13's, which a 2.x CPU
+// keeps for bf16 products: memory::cpu_unreplayed) that decoder_kernels_bf16
+// (replay_language_bf16.cpp) takes from the backward's file (replay_language_bf16_backward.cpp):
+// a block's backward, the loss's and the final norm's.
 void block_backward_bf16(Timeline& t, const Lm& x, bool first_step, bool first_block, bool nested);
 void loss_backward_bf16(Timeline& t, const Lm& x, bool first_step);
 void norm_backward_bf16(Timeline& t, const Lm& x, bool first_step);
@@ -215,7 +215,8 @@ void norm_backward_bf16(Timeline& t, const Lm& x, bool first_step);
 // walk (replay_language.cpp: the blocks, checkpointed or not, the final norm, the loss, the
 // checkpointed block's frame) is one, and runs these rules. fp32 on 1.13 and 2.x
 // (replay_language_fp32.cpp; 2.x's blocks in replay_language_2x.cpp), bf16 autocast and a
-// decoder stored in bf16 on 1.13 (replay_language_bf16.cpp).
+// decoder stored in bf16 on 1.13 (replay_language_bf16.cpp, replay_language_bf16_backward.cpp;
+// a 2.x CPU keeps them for bf16 products, memory::cpu_unreplayed).
 struct DecoderKernels {
   // One block with a graph (trained, or frozen with a gradient through it), without one, and
   // its backward from the output's gradient (live; on return the input's). `first_block`: the
@@ -262,9 +263,10 @@ void cross_entropy_forward_bf16(Timeline& t, const Lm& x, int64_t rows, bool gra
 
 // --- vision (replay_vision.cpp) ------------------------------------------------------------
 // The ViT and the projector over every chunk (and the concatenation of the chunks' outputs):
-// on return the image embeddings (4 n I D) and what the towers save are live.
+// on return the image embeddings (4 n I D; 2 n I D under autocast or from a projector stored in
+// bf16) and what the towers save are live.
 void vision_forward(Timeline& t, const Vit& v);
-// From the image embeddings' gradient (4 n I D, freed on the way) through every chunk, last
+// From the image embeddings' gradient (as large, freed on the way) through every chunk, last
 // chunk first; parameter gradients are stolen by the first chunk processed when `first_step`.
 void vision_backward(Timeline& t, const Vit& v, bool first_step);
 
@@ -287,9 +289,9 @@ void project_backward_bf16_storage(Timeline& t, const Vit& v, const Chunk& c,
 
 // --- pieces shared by the image path's replays --------------------------------------------
 struct Sinks;
-// One ViT block on LibTorch 2.x, fp32 (replay_vision_2x.cpp): with a graph, without one, its
-// backward (`nested`: inside a checkpointed block's autograd::grad), a checkpointed block's
-// backward, and the patch embedding's backward from the first block's input gradient.
+// One ViT block on LibTorch 2.x, fp32 (replay_vision_2x.cpp; vit_kernels_fp32_2x's): with a
+// graph, without one, and its backward (`nested`: inside a checkpointed block's
+// autograd::grad).
 void vit_block_forward_2x(Timeline& t, const Vit& v, const Chunk& c);
 void vit_block_forward_nograd_2x(Timeline& t, const Vit& v, const Chunk& c);
 void vit_block_backward_2x(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink,
@@ -308,7 +310,8 @@ struct VitKernels {
   void (*block_forward_nograd)(Timeline& t, const Vit& v, const Chunk& c);
   void (*block_backward)(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink, bool nested);
   // The patch embedding from the chunk's pixels to the first block's input (live on return),
-  // and its backward from that input's gradient (live; freed).
+  // and its backward from that input's gradient (live; freed, unless the positions' gradient
+  // buffer holds it: one crop in the first chunk processed).
   void (*patch_embedding)(Timeline& t, const Vit& v, const Chunk& c);
   void (*patch_embedding_backward)(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink);
   // The projector (pixel shuffle and linear) on the fp32 features (live, the caller's; freed

@@ -55,21 +55,6 @@ Lm lm_of(const MemorySpec& spec, const BatchShape& b) {
   return x;
 }
 
-// q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
-// GCC evaluates `x * c + rotate_half(x) * s` right to left): the projection, rotate_half's
-// negated half (dying with its statement) and cat, rot * s, x * c and the sum are alive
-// together; only the sum stays, whether or not a graph is built (the muls keep only the
-// cos/sin views, and nobody keeps the projection output).
-void rotary_projections(Timeline& t, const Lm& x) {
-  for (const int64_t width : {e * x.N * x.D, e * x.N * x.Dkv}) {
-    t.alloc(width + width / 2 + width);
-    t.free(width / 2);
-    t.alloc(3 * width);
-    t.free(3 * width);
-    t.free(width);
-  }
-}
-
 // segment_ids (vision_language_model.cpp:101, packed_attention.cpp:39-46): arange,
 // searchsorted and the `- 1` (int64 each), all freed at once; then the RoPE tables
 // (language_model.cpp:45-51): angles, their cat, cos and sin; cos and sin stay.
@@ -87,8 +72,10 @@ const DecoderKernels& kernels_of(const Lm& x) {
   return x.torch2 ? decoder_kernels_fp32_2x() : decoder_kernels_fp32();
 }
 
-// The residual stream's bytes: bf16 in a decoder stored in bf16, fp32 otherwise.
-int64_t stream_bytes(const Lm& x) { return (x.bf16_storage ? 2 : e) * x.N * x.D; }
+// The bytes of one value of the residual stream and the loss's rows: bf16 in a decoder stored
+// in bf16, fp32 otherwise.
+int64_t element_bytes(const Lm& x) { return x.bf16_storage ? 2 : e; }
+int64_t stream_bytes(const Lm& x) { return element_bytes(x) * x.N * x.D; }
 
 // The decoder and the loss without a graph (Lm::no_graph): checkpointed() calls each block (and
 // each loss chunk) directly, every intermediate dies as it goes, each block's input when `x` is
@@ -117,7 +104,7 @@ void language_forward_no_graph(Timeline& t, const Lm& x, const DecoderKernels& k
     }
   }
   // The positions, rows, targets and supervised mask; then hidden.
-  t.free(8 * x.Ns + (x.bf16_storage ? 2 : e) * x.Ns * x.D + 8 * x.Ns + x.N);
+  t.free(8 * x.Ns + element_bytes(x) * x.Ns * x.D + 8 * x.Ns + x.N);
   t.free(stream);
 }
 

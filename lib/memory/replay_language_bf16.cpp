@@ -236,6 +236,8 @@ void cross_entropy_forward_bf16(Timeline& t, const Lm& x, int64_t rows, bool gra
   t.alloc(logits + 4 + 4);
 }
 
+namespace {
+
 // One trained decoder block (language_model.cpp:105-110) under autocast.
 void block_forward_bf16(Timeline& t, const Lm& x) {
   const int64_t stream = e * x.N * x.D, hidden = h * x.N * x.D, kv = h * x.N * x.Dkv,
@@ -280,8 +282,6 @@ void block_forward_bf16(Timeline& t, const Lm& x) {
   t.free(y);           // y2
   if (x.bf16_storage) t.free(hidden);  // h: its norm kept an fp32 copy, not h itself
 }
-
-namespace {
 
 // The final norm under autocast, or of a decoder stored in bf16, whose last block's output (an
 // fp32 copy of which the norm keeps) dies at return.

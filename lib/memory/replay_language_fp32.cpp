@@ -8,6 +8,22 @@
 #include "memory/saved_activations.h"
 
 namespace vlm::memory::replay {
+
+// q = apply_rotary(q_proj(y1)), then k at the KV width (language_model.cpp:80-81, :53-58;
+// GCC evaluates `x * c + rotate_half(x) * s` right to left): the projection, rotate_half's
+// negated half (dying with its statement) and cat, rot * s, x * c and the sum are alive
+// together; only the sum stays, whether or not a graph is built (the muls keep only the
+// cos/sin views, and nobody keeps the projection output).
+void rotary_projections(Timeline& t, const Lm& x) {
+  for (const int64_t width : {e * x.N * x.D, e * x.N * x.Dkv}) {
+    t.alloc(width + width / 2 + width);
+    t.free(width / 2);
+    t.alloc(3 * width);
+    t.free(3 * width);
+    t.free(width);
+  }
+}
+
 namespace {
 
 // v, then the packed attention with a graph (q, k and v require a gradient), up to the

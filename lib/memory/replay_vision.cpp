@@ -76,7 +76,7 @@ void checkpointed_block_backward(Timeline& t, const Vit& v, const Chunk& c, cons
 }
 
 // One chunk's ViT and projector (vision_language_model.cpp:63-66); leaves the projector's
-// output (n I D) live.
+// output (n I D values: fp32, or bf16 under autocast or stored in bf16) live.
 void chunk_forward(Timeline& t, const Vit& v, const Chunk& c, const VitKernels& k) {
   if (v.vision_bf16_storage) {
     frozen_bf16_vit_forward(t, v, c);

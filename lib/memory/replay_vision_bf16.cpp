@@ -314,8 +314,7 @@ void patch_embedding(Timeline& t, const Vit& v, const Chunk& c) {
 }
 
 // The patch embedding's backward under autocast, from the first block's input gradient g (fp32,
-// live).
-// x0 = (linear + bias) + positions: g goes, converted to bf16, to the linear's output, and
+// live). x0 = (linear + bias) + positions: g goes, converted to bf16, to the linear's output, and
 // summed over the crops to the positions (with one crop it is g itself); then g dies unless
 // the positions' gradient is g.
 void patch_embedding_backward(Timeline& t, const Vit& v, const Chunk& c, const Sinks& sink) {

@@ -93,6 +93,62 @@ TEST_CASE("the best fit is the smallest cached block, and freed neighbours merge
   CHECK(m.peak_allocated_bytes() == 12 * MiB);
 }
 
+TEST_CASE("among cached blocks of one size the lowest address wins, in both pools",
+          "[cuda_allocator]") {
+  CudaCachingAllocatorModel m;
+  // Large: three 12 MiB requests, a segment each, freed last first.
+  const uint64_t a = m.allocate(12 * MiB), b = m.allocate(12 * MiB), c = m.allocate(12 * MiB);
+  CHECK(m.free(c));
+  CHECK(m.free(a));
+  CHECK(m.free(b));
+  CHECK(m.allocate(12 * MiB) == a);
+  CHECK(m.allocate(12 * MiB) == b);
+  // Small: 512-byte blocks of one segment with live ones between them, freed last first.
+  std::vector<uint64_t> blocks;
+  for (int k = 0; k < 6; ++k) blocks.push_back(m.allocate(512));
+  for (int k : {4, 2, 0}) CHECK(m.free(blocks[static_cast<size_t>(k)]));
+  CHECK(m.allocate(512) == blocks[0]);
+  CHECK(m.allocate(512) == blocks[2]);
+}
+
+// The step replay empties one model per thread between predictions (clear()): what it then
+// does must not depend on what it did before.
+TEST_CASE("an emptied allocator model replays a stream as a new one does", "[cuda_allocator]") {
+  const auto replay = [](CudaCachingAllocatorModel& m, uint32_t seed) {
+    uint32_t state = seed;
+    const auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+    std::vector<const void*> live;
+    for (int k = 0; k < 4000; ++k) {
+      if (!live.empty() && next() % 3 == 0) {
+        const size_t at = next() % live.size();
+        m.release(live[at]);
+        live[at] = live.back();
+        live.pop_back();
+      } else {
+        // Sizes across both pools: small blocks, 1-10 MiB (20 MiB segments) and larger.
+        const uint32_t kind = next() % 3;
+        const int64_t bytes = kind == 0   ? 1 + next() % MiB
+                              : kind == 1 ? MiB + 1 + next() % (9 * MiB)
+                                          : 10 * MiB + next() % (40 * MiB);
+        live.push_back(m.acquire(bytes));
+      }
+    }
+  };
+  for (const uint32_t seed : {1u, 7u, 12345u}) {
+    CudaCachingAllocatorModel fresh, reused;
+    replay(reused, seed + 99);  // another stream first, then emptied
+    reused.clear();
+    replay(fresh, seed);
+    replay(reused, seed);
+    CHECK(reused.segments() == fresh.segments());
+    CHECK(reused.allocated_bytes() == fresh.allocated_bytes());
+    CHECK(reused.reserved_bytes() == fresh.reserved_bytes());
+    CHECK(reused.peak_allocated_bytes() == fresh.peak_allocated_bytes());
+    CHECK(reused.peak_reserved_bytes() == fresh.peak_reserved_bytes());
+    CHECK(fresh.reserved_bytes() > fresh.allocated_bytes());  // the stream left a cache
+  }
+}
+
 TEST_CASE("a malformed memory trace is refused with its line", "[cuda_allocator]") {
   std::istringstream in("# vlmtrain memory trace 1\n# x\nS 1 0 0\nX 0 a\nA 12 zz 0 0\n");
   CHECK_THROWS_WITH(vlm::memory::read_memory_trace(in),

@@ -84,23 +84,23 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
   if (const std::string torch = estimate::unmodelled_target(predictor.spec(), budget_->target);
       !torch.empty()) {
     if (!auto_batch) {
-      // A cap from 1.13's predictions (up to 3.4 times the measured peak of a CUDA step,
-      // docs/BENCHMARKS.md, H200; 5-63% above a 2.11 CPU step in bf16, docs/memory-cpu-2x.md)
-      // would refuse packs that fit, and the preflight configs that fit; with a fixed batch
-      // size the limits bound the micro-batches, and the preflight measures.
+      // The tensor replay stands in here: in bf16 1.13's walk (up to 3.4 times the measured
+      // peak of a CUDA step, docs/BENCHMARKS.md, H200; 5-63% above a 2.11 CPU step,
+      // docs/memory-cpu-2x.md), whose cap would refuse packs that fit; in fp32 on CUDA 2.x's
+      // CPU walk, which no GPU trace has checked. With a fixed batch size the limits bound the
+      // micro-batches, and the preflight measures.
       memory_.reset();
       spdlog::warn(
-          "memory budget: no byte cap on the micro-batches: {}, which predicts more "
-          "than this LibTorch allocates; train.batch_size and the crop limits bound "
-          "them, the preflight runs the heaviest one for real, and an OOM splits a "
-          "micro-batch",
+          "memory budget: no byte cap on the micro-batches: {}; train.batch_size and the "
+          "crop limits bound them, the preflight runs the heaviest one for real, and an OOM "
+          "splits a micro-batch",
           torch);
       return;
     }
     spdlog::warn(
-        "memory budget: {}; the sampler uses those predictions, which are higher than "
-        "what this LibTorch allocates: micro-batches may stay below the budget, and an "
-        "OOM lowers it",
+        "memory budget: {}; the sampler uses the tensor replay's predictions instead, "
+        "which this platform has not checked (in bf16 they are higher than it allocates): "
+        "micro-batches may stay below the budget, and an OOM lowers it",
         torch);
   }
   const int64_t usable = budget_->usable_bytes();

@@ -8,13 +8,15 @@
 //   auto:  batch_size auto, global_batch_size 16, every micro-batch sized by predicted bytes.
 // For each: micro-batches over budget (exact predictions), mean budget use, packs and useful
 // (non-padding) tokens per micro-batch, micro-steps per step; and the planning speed (filter,
-// packer, planner and every prediction) against today's planner without predictions.
+// packer, planner and every prediction) against today's planner without predictions, and how
+// many predictions the planner asked for per pack.
 //   bench_sampler [STREAM] [--torch 2.11]   (default ../shared/bench/stream-public-seed1234.jsonl)
 // --torch 2.11: the H100's predictions are the CUDA step replay's (memory/cuda_step.h), the
 // auto runs planned once each (the replay costs milliseconds a prediction).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@ constexpr int64_t kGlobalBatch = 16;  // nanoVLM: batch_size 2 x gradient_accumu
 
 struct Outcome {
   int64_t steps = 0, micro_batches = 0, over = 0, packs = 0, tokens = 0;
+  int64_t predictions = 0;  // the planner's calls of its predictor (a byte cap's)
   double use = 0;  // summed over micro-batches
   std::vector<int64_t> peaks;
   double seconds = 0;
@@ -53,8 +56,16 @@ struct Outcome {
 Outcome run(const Config& config, const std::string& stream, const sampler::MicroBatchMemory& m,
             int64_t usable, const data::MemoryCap& cap) {
   Outcome o;
+  auto calls = std::make_shared<int64_t>(0);
+  data::MemoryCap counted = cap;
+  if (cap.predict) {
+    counted.predict = [calls, predict = cap.predict](const std::vector<const data::Pack*>& packs) {
+      ++*calls;
+      return predict(packs);
+    };
+  }
   const auto start = Clock::now();
-  auto pipeline = data::length_pipeline(config, 1, stream, cap);
+  auto pipeline = data::length_pipeline(config, 1, stream, counted);
   std::vector<std::vector<data::Pack>> planned;
   while (auto step = pipeline->next_step()) {
     ++o.steps;
@@ -66,6 +77,7 @@ Outcome run(const Config& config, const std::string& stream, const sampler::Micr
     pipeline->release(step->plan);
   }
   o.seconds = seconds_since(start);
+  o.predictions = *calls;
   for (const auto& packs : planned) {
     std::vector<const data::Pack*> ps;
     for (const auto& p : packs) {
@@ -88,6 +100,9 @@ void print(const char* label, Outcome& o) {
               label, (long long)o.micro_batches, (long long)o.over, 100.0 * o.use / o.micro_batches,
               double(o.packs) / o.micro_batches, double(o.tokens) / o.micro_batches,
               double(o.micro_batches) / o.steps, o.p50() / kGiB, o.packs / o.seconds);
+  if (o.predictions > 0) {
+    std::printf("  %-22s %.2f predictions per pack planned\n", "", double(o.predictions) / o.packs);
+  }
 }
 
 }  // namespace

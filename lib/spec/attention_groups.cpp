@@ -5,6 +5,13 @@
 #include <numeric>
 
 namespace vlm::spec {
+namespace {
+
+// A segment of `length` tokens (the lengths taken longest first) joins the open group padded to
+// `padded` while padding at most doubles its attention work.
+bool joins_group(int64_t length, int64_t padded) { return 2 * length * length >= padded * padded; }
+
+}  // namespace
 
 std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths) {
   std::vector<int64_t> order(lengths.size());
@@ -14,7 +21,7 @@ std::vector<SegmentGroup> group_segments(const std::vector<int64_t>& lengths) {
   std::vector<SegmentGroup> groups;
   for (const int64_t s : order) {
     const int64_t length = lengths[static_cast<size_t>(s)];
-    if (groups.empty() || 2 * length * length < groups.back().padded * groups.back().padded) {
+    if (groups.empty() || !joins_group(length, groups.back().padded)) {
       groups.push_back(SegmentGroup{{}, length});
     }
     groups.back().segments.push_back(s);
@@ -26,9 +33,9 @@ std::vector<GroupShape> group_shapes(std::vector<int64_t> lengths) {
   std::sort(lengths.begin(), lengths.end(), std::greater<>());
   std::vector<GroupShape> groups;
   for (const int64_t length : lengths) {
-    // The same rule as group_segments: equal lengths are interchangeable, so sorting the
-    // lengths gives its groups' shapes.
-    if (groups.empty() || 2 * length * length < groups.back().padded * groups.back().padded) {
+    // group_segments' groups: equal lengths are interchangeable, so sorting the lengths gives
+    // their shapes.
+    if (groups.empty() || !joins_group(length, groups.back().padded)) {
       groups.push_back(GroupShape{0, length, 0});
     }
     ++groups.back().segments;

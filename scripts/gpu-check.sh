@@ -11,7 +11,7 @@
 #                        [--no-ctest] [--only CHECKS] [--presets LIST] [--nanovlm PATH]
 #                        [--record DIR] [--record-runs NAMES] [--target TARGET]
 #                        [--throughput-steps N] [--stream FILE] [--stream-steps N]
-#                        [--baseline SRC]
+#                        [--baseline SRC] [--auto-steps N]
 #
 # --record DIR, the recording mode: the `record` check runs the recording matrix (tiny, 222M
 # and 460M; fp32 and bf16; checkpointing, ViT and loss chunking, frozen towers, several batch
@@ -27,6 +27,10 @@
 # stream check (end to end on a length stream, each tool with its own packing; --stream FILE,
 # default ../shared/bench/stream-public-seed1234.jsonl) runs nanoVLM's packing and loop beside.
 #
+# The auto_batch check runs configs/nanovlm.yaml with `batch_size: auto` on the whole device for
+# --auto-steps steps (default 50) and as an 80 GB H100 for 20, on the length stream's shapes:
+# no OOM, how full the budget came, MFU.
+#
 # --baseline SRC (a source tree of another revision: scripts/baseline-tree.sh REV makes one)
 # builds its vlmtrain beside this one ($build_dir-baseline) and the throughput check runs both
 # on the same rows in the same call: a change's effect on one machine, apart from the variance
@@ -41,7 +45,7 @@ cd "$(dirname "$0")/.." || exit 2
 
 build_dir=build-gpu report=gpu-check.json work=gpu-check-runs build=1 ctest=1 only="" presets=""
 nanovlm="" record="" target="" throughput_steps="" record_runs="" stream="" stream_steps=""
-baseline=""
+baseline="" auto_steps=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
@@ -59,7 +63,8 @@ while [ $# -gt 0 ]; do
     --stream) stream=$2; shift 2 ;;
     --stream-steps) stream_steps=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    --auto-steps) auto_steps=$2; shift 2 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -124,6 +129,7 @@ args=(--vlmtrain "$build_dir/vlmtrain" --work "$work" --report "$report" --heade
 [ -n "$record_runs" ] && args+=(--record-runs "$record_runs")
 [ -n "$stream" ] && args+=(--stream "$stream")
 [ -n "$stream_steps" ] && args+=(--stream-steps "$stream_steps")
+[ -n "$auto_steps" ] && args+=(--auto-steps "$auto_steps")
 [ -n "$baseline" ] && args+=(--baseline-vlmtrain "$build_dir-baseline/vlmtrain")
 python3 scripts/gpu_check.py "${args[@]}"
 rc=$?

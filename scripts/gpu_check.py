@@ -18,6 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpucheck.common import CheckFailed, Runner  # noqa: E402
+from gpucheck.filling import check_auto_batch  # noqa: E402
 from gpucheck.correctness import (  # noqa: E402
     check_attention, check_bf16_steps, check_checkpointing, check_fp16, check_fused_optimizer,
     check_injected_ooms, check_real_oom, check_resume)
@@ -47,6 +48,8 @@ def main():
     p.add_argument("--baseline-vlmtrain", default="", help="another build's vlmtrain: the "
                    "throughput check runs it too, on the same rows")
     p.add_argument("--stream", default=STREAM, help="the length stream of the stream check")
+    p.add_argument("--auto-steps", type=int, default=50, help="optimizer steps of the "
+                   "auto_batch check on the whole device (16 packs each)")
     p.add_argument("--stream-steps", type=int, default=8, help="timed optimizer steps of the "
                    "stream check (16 rows each), after 2 untimed")
     a = p.parse_args()
@@ -82,6 +85,9 @@ def main():
         ("throughput_2rows", lambda: check_throughput(r, big, a.throughput_steps, "", "",
                                                       "2rows", [], rows=2)),
         ("fp16_step", lambda: check_fp16(r)),
+        # batch_size: auto filling the device to its budget (no OOM), and the MFU it gives.
+        ("auto_batch", lambda: check_auto_batch(r, a.stream, a.auto_steps,
+                                                artifacts=a.artifacts)),
         # End to end on the public length stream, each tool with its own packing.
         ("stream", lambda: check_stream(r, a.stream_steps, a.nanovlm, a.stream)),
     ]
@@ -106,7 +112,7 @@ def main():
         try:
             result = {"passed": True, **run()}
         except CheckFailed as e:
-            result = {"passed": False, "reason": str(e)}
+            result = {"passed": False, "reason": str(e), **e.figures}
             failed.append(name)
         except Exception as e:  # a check's own failure must not lose the others' figures
             result = {"passed": False, "reason": f"{type(e).__name__}: {e}"}

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project
 
 
 # Small, fast runs of the tiny model (the demo config with shorter rows).
@@ -69,7 +69,11 @@ class Runner:
 
 
 class CheckFailed(Exception):
-    pass
+    """A check that did not pass; `figures` (what it measured before it failed) still go into
+    the report."""
+    def __init__(self, reason, figures=None):
+        super().__init__(reason)
+        self.figures = figures or {}
 
 
 def records(run_dir, kind):

@@ -82,6 +82,27 @@ def check_throughput(r, presets, steps, nanovlm_path, artifacts="", variant="", 
 STREAM = os.path.join(ROOT, "..", "shared", "bench", "stream-public-seed1234.jsonl")
 
 
+def stream_dataset(r, stream, samples=3000):
+    """The stream's first `samples` samples as a real dataset under the work folder
+    (bench/stream_dataset.py: PNG files and a manifest), written once per call; returns its
+    folder and what the writer said of it."""
+    if not os.path.exists(stream):
+        raise CheckFailed(f"no length stream at {stream}")
+    data = os.path.join(r.work, f"stream-data-{samples}")
+    said = os.path.join(data, "made.json")
+    if os.path.exists(said):
+        with open(said) as f:
+            return data, json.load(f)
+    made = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "stream_dataset.py"),
+                           stream, "--out", data, "--samples", str(samples)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        raise CheckFailed(f"stream_dataset.py: {made.stderr.strip()[-500:]}")
+    with open(said, "w") as f:
+        f.write(made.stdout)
+    return data, json.loads(made.stdout)
+
+
 def check_stream(r, steps, nanovlm_path, stream, samples=3000, warmup=2):
     """End to end on a length stream, each tool with its own packing (issue 30): the stream's
     first `samples` samples as a real dataset (bench/stream_dataset.py: PNG files and a
@@ -99,15 +120,8 @@ def check_stream(r, steps, nanovlm_path, stream, samples=3000, warmup=2):
     else:
         preset, rows, accumulation, per_crop = "tiny", 1, 1, 16
         model = NANOVLM + ["model.preset=tiny", "data.max_img_size=256"]
-    if not os.path.exists(stream):
-        raise CheckFailed(f"no length stream at {stream}")
-    data = os.path.join(r.work, "stream-data")
-    made = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "stream_dataset.py"),
-                           stream, "--out", data, "--samples", str(samples)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        raise CheckFailed(f"stream_dataset.py: {made.stderr.strip()[-500:]}")
-    out = {"dataset": json.loads(made.stdout)}
+    data, made = stream_dataset(r, stream, samples)
+    out = {"dataset": made}
     overrides = model + [
         f"data.train=[{{path: {data}/train.jsonl}}]", f"train.batch_size={rows}",
         f"train.gradient_accumulation_steps={accumulation}", "train.precision=bf16",

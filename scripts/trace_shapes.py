@@ -70,18 +70,38 @@ def shapes(path, preset):
     return out
 
 
+# The auto_batch check's traced run (scripts/gpucheck/filling.py) under the name its trace has in
+# memory-traces.tar, and the overrides of that run that the replay reads, for reports written
+# before the check recorded them (commit daf81bd).
+AUTO_TRACED = "460m-bf16-auto-h100"
+AUTO_OVERRIDES = ["model.preset=nanovlm-460m", "train.precision=bf16", "train.batch_size=auto",
+                  "train.gradient_accumulation_steps=1",
+                  "train.global_batch_size=16", "memory.simulate_device_bytes=81559MiB"]
+
+
+def traced_runs(report):
+    """(name, overrides) of every traced run of a gpu-check report."""
+    checks = report["checks"]
+    for name, run in checks.get("record", {}).get("runs", {}).items():
+        yield name, run["overrides"]
+    auto = checks.get("auto_batch", {}).get("h100-80gb")
+    if auto:
+        yield AUTO_TRACED, auto.get("overrides", AUTO_OVERRIDES)
+
+
 def main():
     result = {}
     for folder in sys.argv[1:]:
         report = json.load(open(os.path.join(folder, "report.json")))
-        for name, run in report["checks"]["record"]["runs"].items():
+        for name, overrides in traced_runs(report):
             path = os.path.join(folder, name + ".trace.xz")
             if not os.path.exists(path):
                 continue
-            preset = next(o.split("=", 1)[1] for o in run["overrides"] if o.startswith("model.preset="))
+            preset = next(o.split("=", 1)[1] for o in overrides if o.startswith("model.preset="))
             result[os.path.basename(os.path.normpath(folder)) + "/" + name] = {
-                "overrides": [o for o in run["overrides"]
-                              if o.startswith(("model.", "train.", "data.max_img_size", "packing.")) and
+                "overrides": [o for o in overrides
+                              if o.startswith(("model.", "train.", "data.max_img_size", "packing.",
+                                             "memory.simulate_device_bytes")) and
                               not o.startswith(("model.tokenizer", "model.vision_weights",
                                                 "model.language_weights"))],
                 "steps": shapes(path, preset)}

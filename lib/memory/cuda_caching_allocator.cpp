@@ -66,7 +66,7 @@ void CudaCachingAllocatorModel::clear() {
   arena_used_ = 0;
   spare_.clear();
   segments_.clear();
-  allocated_ = reserved_ = peak_allocated_ = peak_reserved_ = 0;
+  allocated_ = reserved_ = peak_allocated_ = peak_reserved_ = refused_ = 0;
   next_address_ = kFirstAddress;
 }
 
@@ -246,6 +246,22 @@ void CudaCachingAllocatorModel::release(const void* block) {
   free_block(const_cast<Block*>(static_cast<const Block*>(block)));
 }
 
+// release_cached_blocks: every segment that is one free block (never split, or merged whole
+// again) goes back to the device, from both pools.
+void CudaCachingAllocatorModel::release_cached_segments() {
+  size_t kept = 0;
+  for (Block* head : segments_) {
+    if (head->allocated || head->next != nullptr) {
+      segments_[kept++] = head;
+      continue;
+    }
+    erase_free(head);
+    reserved_ -= head->size;
+    spare_.push_back(head);
+  }
+  segments_.resize(kept);
+}
+
 CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::allocate_block(
     int64_t bytes, std::optional<uint64_t> new_segment_address) {
   if (bytes <= 0) throw std::invalid_argument("CudaCachingAllocatorModel: a request of 0 bytes");
@@ -253,8 +269,13 @@ CudaCachingAllocatorModel::Block* CudaCachingAllocatorModel::allocate_block(
   const bool small = size <= kCudaSmallSize;     // get_pool
   Block* b = take_free_block(size, small);
   if (b == nullptr) {  // alloc_block: one cudaMalloc of get_allocation_size
+    const int64_t segment = cuda_segment_bytes(size);
+    if (capacity_ > 0 && reserved_ + segment > capacity_) {
+      release_cached_segments();
+      if (reserved_ + segment > capacity_) ++refused_;
+    }
     b = new_block();
-    b->size = cuda_segment_bytes(size);
+    b->size = segment;
     b->small = small;
     b->address = new_segment_address.value_or(next_address_);
     next_address_ =

@@ -73,6 +73,17 @@ class CudaCachingAllocatorModel {
   const void* acquire(int64_t bytes);
   void release(const void* block);
 
+  // The most the allocator may reserve, 0 for no bound: a memory fraction's cap
+  // (setMemoryFraction: fraction x the device's memory) or what cudaMalloc can still get. When a
+  // new segment would pass it, the allocator returns every cached segment that holds no
+  // allocated block to the device and tries again (alloc_block, then release_cached_blocks:
+  // release_available_cached_blocks does nothing without max_split_size); a segment that still
+  // does not fit is an out-of-memory error, counted in refused() (the model takes it anyway, so
+  // a replay goes on).
+  void set_capacity(int64_t bytes) { capacity_ = bytes; }
+  int64_t capacity() const { return capacity_; }
+  int64_t refused() const { return refused_; }
+
   int64_t allocated_bytes() const { return allocated_; }
   int64_t reserved_bytes() const { return reserved_; }
   int64_t peak_allocated_bytes() const { return peak_allocated_; }
@@ -95,6 +106,7 @@ class CudaCachingAllocatorModel {
   Block* allocate_block(int64_t bytes, std::optional<uint64_t> new_segment_address);
   void free_block(Block* b);
   Block* take_free_block(int64_t size, bool small);
+  void release_cached_segments();
   void insert_free(Block* b);
   void erase_free(Block* b);
   void absorb_next(Block* b);
@@ -138,6 +150,7 @@ class CudaCachingAllocatorModel {
   std::vector<Block*> spare_;                  // blocks merged away, for reuse
   std::vector<Block*> segments_;               // each segment's first block
   int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
+  int64_t capacity_ = 0, refused_ = 0;
   static constexpr uint64_t kFirstAddress = uint64_t{1} << 48;  // the model's own segments
   uint64_t next_address_ = kFirstAddress;
 };

@@ -20,6 +20,13 @@ int64_t cublas_workspace_bytes(const GpuShape& gpu) {
   return gpu.sm90 ? 32 * 1024 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8;
 }
 
+int64_t norm_weight_partial_rows(const GpuShape& gpu, int64_t rows, int64_t features) {
+  constexpr int64_t kBlockX = 32, kRowsPerBlock = 32, kMaxGrid = 64 * 1024 / 2;
+  if (rows <= 64 * 1024 || features / kBlockX >= gpu.sms / 2) return 0;
+  const int64_t blocks_x = (features + kBlockX - 1) / kBlockX;
+  return std::min(kMaxGrid / blocks_x, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
 ReduceStaging reduce_staging(const GpuShape& gpu, int64_t num_outputs, int64_t inputs_per_output,
                              int64_t input_bytes, bool contiguous) {
   (void)input_bytes;  // the fp32 accumulator sizes the buffer, whatever the input dtype

@@ -36,6 +36,15 @@ struct ReduceStaging {
 ReduceStaging reduce_staging(const GpuShape& gpu, int64_t num_outputs, int64_t inputs_per_output,
                              int64_t input_bytes, bool contiguous);
 
+// The weight gradients of the LayerNorm and RMSNorm backward in two stages
+// (aten/src/ATen/native/cuda/layer_norm_kernel.cu, LayerNormBackwardKernelImplInternal, PyTorch
+// 2.11): over M > 65,536 rows of N features with N / 32 < SMs / 2, each weight's gradient is
+// first summed into Y x N partial sums in the weight's dtype, Y = min(32,768 / ceil(N / 32),
+// ceil(M / 32)), then `partials.sum(0)` replaces the gradient allocated before. The rows Y, or 0
+// when the one-stage kernel runs (every recorded run of one 4096-token row: a ViT of at most
+// 64 crops of 1,024 patches).
+int64_t norm_weight_partial_rows(const GpuShape& gpu, int64_t rows, int64_t features);
+
 // embedding_dense_backward's sort path (aten/src/ATen/native/cuda/Embedding.cu, taken above
 // 3,072 indices): cub's radix-sort temporary storage for N int64 keys with their positions.
 // Fitted on N = 4,088, 4,096 and 8,192 from the recorded traces (bench/gpu/2026-11-28-h100):

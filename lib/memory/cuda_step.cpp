@@ -56,6 +56,26 @@ StepStream::Impl::Impl(StepStream& stream) : s(stream) {
 }
 
 // cuBLAS's workspaces, at a thread's first GEMM (cuda_kernels.h).
+void StepStream::Impl::norm_weight_partials(int64_t rows, int64_t features, Id& dg, Id& db) {
+  const int64_t partial_rows = norm_weight_partial_rows(s.gpu_, rows, features);
+  if (partial_rows == 0) return;
+  const Id dg_partials = A(partial_rows * features * 4);
+  const Id db_partials = db == kNone ? kNone : A(partial_rows * features * 4);
+  const auto sum_rows = [&](Id& grad) {  // partials.sum(0), assigned over the gradient
+    const Id sum = A(features * 4);
+    const ReduceStaging staging = reduce_staging(s.gpu_, features, partial_rows, 4, false);
+    if (staging.staging > 0) {
+      const Id st = A(staging.staging), sem = A(staging.semaphores);
+      F({sem, st});
+    }
+    F({grad});
+    grad = sum;
+  };
+  sum_rows(dg);
+  if (db != kNone) sum_rows(db);
+  F({db_partials, dg_partials});  // destroyed in reverse order of declaration
+}
+
 void StepStream::Impl::gemm_workspace(bool backward, bool lt) {
   bool& cublas = backward ? s.workspace_bwd_ : s.workspace_fwd_;
   bool& cublas_lt = backward ? s.workspace_lt_bwd_ : s.workspace_lt_fwd_;
@@ -162,7 +182,9 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   F({dhw});
   const Id gh = A(N * D * 4);
   F({drows32});
-  const Id R = A(N * D * 4), nf_dg = A(D * 4);
+  const Id R = A(N * D * 4);
+  Id nf_dg = A(D * 4), no_bias = kNone;
+  norm_weight_partials(N, D, nf_dg, no_bias);
   F({gh, x, nfr});
   acc(nf_dg);
   Id G = R;
@@ -339,12 +361,14 @@ void StepStream::backward_passes(const std::vector<MicroBatchShape>& micro_batch
   }
 }
 
-StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to) {
+StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to,
+                         int64_t capacity) {
   // One allocator and one table per thread, emptied between predictions: building them afresh
   // (4,097 buckets, the blocks' arena) was a fifth of a prediction.
   thread_local CudaCachingAllocatorModel allocator;
   thread_local std::vector<const void*> block;
   allocator.clear();
+  allocator.set_capacity(capacity);
   block.assign(requests.size(), nullptr);  // by id: ids are below the count
   const auto apply = [&](const Request& r) {
     const auto id = static_cast<size_t>(r.id);
@@ -420,7 +444,18 @@ std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
   }
   const size_t from = stream.requests().size();
   stream.step(step);
-  const StreamPeaks peaks = replay_peaks(stream.requests(), from, stream.requests().size());
+  int64_t nccl_buffers = 0;
+  if (target.ranks > 1) {
+    nccl_buffers =
+        target.nccl_channels * 2 * (target.nccl_buffsize + kNcclLlBuffSize + kNcclLl128BuffSize);
+  }
+  const int64_t capacity =
+      target.device_bytes > 0
+          ? std::max<int64_t>(target.device_bytes - corrections.cuda_context_bytes - nccl_buffers,
+                              1)
+          : 0;
+  const StreamPeaks peaks =
+      replay_peaks(stream.requests(), from, stream.requests().size(), capacity);
   DeviceBreakdown b;
   b.cuda = true;
   b.replayed = true;
@@ -430,10 +465,7 @@ std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
   b.reserved = peaks.reserved;
   b.segment_slack = peaks.reserved - peaks.allocated;
   b.cuda_context = corrections.cuda_context_bytes;
-  if (target.ranks > 1) {
-    b.nccl_buffers =
-        target.nccl_channels * 2 * (target.nccl_buffsize + kNcclLlBuffSize + kNcclLl128BuffSize);
-  }
+  b.nccl_buffers = nccl_buffers;
   b.device = b.reserved + b.cuda_context + b.nccl_buffers;
   return b;
 }

@@ -81,12 +81,14 @@ class StepStream {
 };
 
 // Allocated and reserved peaks of requests[from, to) through the caching allocator's model,
-// after requests[0, from) built its state.
+// after requests[0, from) built its state; `capacity` > 0 caps what the model may reserve
+// (CudaCachingAllocatorModel::set_capacity).
 struct StreamPeaks {
   int64_t allocated = 0, reserved = 0;
   int64_t allocated_before = 0, reserved_before = 0;  // at `from`
 };
-StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to);
+StreamPeaks replay_peaks(const std::vector<Request>& requests, size_t from, size_t to,
+                         int64_t capacity = 0);
 
 // Whether the replay predicts `spec` on `target`: "" or why not (the spec's features, then the
 // target: LibTorch 2.11 or later, whose CUDA path the replay follows; an NVIDIA GPU of compute

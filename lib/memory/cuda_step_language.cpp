@@ -101,7 +101,9 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
   const Id dWgu32 = A(2 * Fm * D * 4);
   F({dWgu});
   pacc(dWgu32);
-  const Id dn2 = A(N * D * 4), dg2 = A(D * 4);
+  const Id dn2 = A(N * D * 4);
+  Id dg2 = A(D * 4), none = kNone;
+  norm_weight_partials(N, D, dg2, none);
   F({dX2_32, b.h, b.n2r});
   Id R = G;
   if (ckpt) R = A(N * D * 4);  // summed out of place: the outer node holds the output's
@@ -143,7 +145,9 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
   const Id dWqkv32 = A(Pq * D * 4);
   F({dWqkv});
   pacc(dWqkv32);
-  const Id dn1 = A(N * D * 4), dg1 = A(D * 4);
+  const Id dn1 = A(N * D * 4);
+  Id dg1 = A(D * 4);
+  norm_weight_partials(N, D, dg1, none);
   if (ckpt) {
     F({dX1_32, b.n1r, dn1});
   } else {

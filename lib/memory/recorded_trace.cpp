@@ -1,5 +1,6 @@
 #include "memory/recorded_trace.h"
 
+#include <algorithm>
 #include <deque>
 #include <sstream>
 #include <stdexcept>
@@ -109,6 +110,17 @@ RecordedTrace read_memory_trace(std::istream& in) {
   return trace;
 }
 
+int64_t recorded_capacity(const RecordedTrace& trace) {
+  bool returned = false;
+  int64_t most = 0;
+  for (const RecordedStep& step : trace.steps) {
+    returned = returned || std::any_of(step.events.begin(), step.events.end(),
+                                       [](const RecordedStep::Event& e) { return e.kind == 'U'; });
+    most = std::max(most, step.peak_reserved);
+  }
+  return returned ? most : 0;
+}
+
 std::vector<AllocatorReplay> replay_on_allocator_model(const RecordedTrace& trace,
                                                        bool trace_addresses) {
   if (trace.steps.empty() || trace.steps.front().start_state.empty()) {
@@ -116,6 +128,7 @@ std::vector<AllocatorReplay> replay_on_allocator_model(const RecordedTrace& trac
   }
   CudaCachingAllocatorModel model;
   model.load(trace.steps.front().start_state);
+  model.set_capacity(recorded_capacity(trace));
   // The model's address of each block the trace names (they differ without trace addresses).
   std::unordered_map<uint64_t, uint64_t> address_of;
   for (const auto& segment : trace.steps.front().start_state) {

@@ -48,10 +48,17 @@ struct AllocatorReplay {
   bool end_state_equal = false;
 };
 
+// The cap a CUDA trace's allocator ran under, 0 when it returned no segment to the device (the
+// allocator does so only when a new segment would pass its cap): then the most it ever
+// reserved, the least cap that explains every segment it took (a memory fraction's exact cap
+// is not in the trace).
+int64_t recorded_capacity(const RecordedTrace& trace);
+
 // Replays a CUDA trace with a recorded start state through the model, from the first step's
-// start state on. `trace_addresses`: new segments get the addresses the trace recorded (the
-// model must then make every choice the allocator made); otherwise addresses of its own, as a
-// prediction would. Throws std::runtime_error for a trace without a start state.
+// start state on, under the trace's cap (recorded_capacity). `trace_addresses`: new segments get
+// the addresses the trace recorded (the model must then make every choice the allocator made,
+// the segments it returned included); otherwise addresses of its own, as a prediction would.
+// Throws std::runtime_error for a trace without a start state.
 std::vector<AllocatorReplay> replay_on_allocator_model(const RecordedTrace& trace,
                                                        bool trace_addresses);
 

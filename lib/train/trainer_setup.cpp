@@ -38,8 +38,13 @@ void Trainer::setup() {
   precision_ = parse_precision(config_.train.precision);
   require_precision_on(precision_, device_.is_cuda(), loaded_.where("train.precision"));
   const int threads = runtime::configure_threads(static_cast<int>(config_.train.threads));
-  memory_ =
-      std::make_unique<MemoryPredictor>(config_, threads, device_target(device_, dist_.world_size));
+  memory::DeviceTarget target = device_target(device_, dist_.world_size);
+  if (device_.is_cuda()) {  // what the caching allocator's model may reserve (device_terms.h)
+    const int64_t simulated = config_.memory.simulate_device_bytes.bytes;
+    target.device_bytes =
+        simulated > 0 ? simulated : runtime::memory_stats(device_).device_total_bytes;
+  }
+  memory_ = std::make_unique<MemoryPredictor>(config_, threads, std::move(target));
   if (device_.is_cuda()) runtime::compat::use_shape_agnostic_attention_kernels();
   if (const int64_t cap = config_.memory.simulate_device_bytes.bytes; cap > 0) {
     if (device_.is_cuda()) {

@@ -121,7 +121,8 @@ def check_auto_batch(r, stream, steps=50, h100_steps=20, artifacts="", samples=3
             *([f"output.memory_trace_steps=2"] if trace else []), *extra]
         code, run, recs = r.train(f"auto-{label}", "configs/nanovlm.yaml", overrides,
                                   expect_ok=False)
-        entry = {"exit": code, "said": _said_at_start(run + ".log"), **summarise(recs)}
+        entry = {"exit": code, "overrides": overrides, "said": _said_at_start(run + ".log"),
+                 **summarise(recs)}
         out[label] = entry
         if trace:
             for name in ("memory-trace.rank0.txt", "metrics.jsonl", "config.yaml"):

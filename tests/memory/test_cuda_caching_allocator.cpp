@@ -57,6 +57,31 @@ TEST_CASE("requests are rounded to 512 bytes and served from 2 MiB, 20 MiB or ro
   CHECK(m.peak_allocated_bytes() == m.allocated_bytes());
 }
 
+TEST_CASE("at its cap the allocator returns its cached whole segments, then takes the new one",
+          "[cuda_allocator]") {
+  const auto run = [](int64_t capacity) {
+    CudaCachingAllocatorModel m;
+    m.set_capacity(capacity);
+    const uint64_t a = m.allocate(30 * MiB);  // a 30 MiB segment
+    m.allocate(20 * MiB);                     // a 20 MiB one
+    m.allocate(1);                            // a 2 MiB small segment, split: it stays
+    CHECK(m.free(a));                         // cached, one free block: it may go back
+    m.allocate(40 * MiB);                     // no cached block fits: a new segment
+    return m;
+  };
+  const CudaCachingAllocatorModel uncapped = run(0);
+  CHECK(uncapped.reserved_bytes() == 92 * MiB);
+  CudaCachingAllocatorModel capped = run(64 * MiB);
+  CHECK(capped.reserved_bytes() == 62 * MiB);  // 52 + 40 > 64: the 30 MiB went back first
+  CHECK(capped.peak_reserved_bytes() == 62 * MiB);
+  CHECK(capped.refused() == 0);
+  // Nothing left to return (every segment holds an allocated block): an OOM, counted; the
+  // model takes the segment so that a replay goes on.
+  capped.allocate(20 * MiB);
+  CHECK(capped.refused() == 1);
+  CHECK(capped.reserved_bytes() == 82 * MiB);
+}
+
 TEST_CASE("a large block keeps a remainder of 1 MiB or less, which then counts as allocated",
           "[cuda_allocator]") {
   CudaCachingAllocatorModel m;

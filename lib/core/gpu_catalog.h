@@ -11,8 +11,8 @@ namespace vlm {
 
 struct GpuInfo {
   std::string name;        // canonical, e.g. "H100-80GB"
-  int64_t memory_bytes;    // usable device memory as the driver reports it
-  double peak_bf16_flops;  // dense, no sparsity (vendor datasheets)
+  int64_t memory_bytes = 0;    // usable device memory as the driver reports it; 0 unknown
+  double peak_bf16_flops = 0;  // dense, no sparsity (vendor datasheets); 0 unknown
   std::vector<std::string>
       aliases;  // lowercase names a device may report ("nvidia h100 80gb hbm3")
   // NVIDIA compute capability as major * 10 + minor (90 for sm_90, Hopper), 0 when unknown;

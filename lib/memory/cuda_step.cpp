@@ -55,12 +55,11 @@ StepStream::Impl::Impl(StepStream& stream) : s(stream) {
   frozen_bf16 = freeze_v && s.spec_.vision.parameter_bytes == 2;
 }
 
-// cuBLAS's workspaces, at a thread's first GEMM (cuda_kernels.h).
-void StepStream::Impl::norm_weight_partials(int64_t rows, int64_t features, Id& dg, Id& db) {
+void StepStream::Impl::norm_weight_partials(int64_t rows, int64_t features, Id& dg, Id* db) {
   const int64_t partial_rows = norm_weight_partial_rows(s.gpu_, rows, features);
   if (partial_rows == 0) return;
   const Id dg_partials = A(partial_rows * features * 4);
-  const Id db_partials = db == kNone ? kNone : A(partial_rows * features * 4);
+  const Id db_partials = db ? A(partial_rows * features * 4) : kNone;
   const auto sum_rows = [&](Id& grad) {  // partials.sum(0), assigned over the gradient
     const Id sum = A(features * 4);
     const ReduceStaging staging = reduce_staging(s.gpu_, features, partial_rows, 4, false);
@@ -72,10 +71,11 @@ void StepStream::Impl::norm_weight_partials(int64_t rows, int64_t features, Id& 
     grad = sum;
   };
   sum_rows(dg);
-  if (db != kNone) sum_rows(db);
+  if (db) sum_rows(*db);
   F({db_partials, dg_partials});  // destroyed in reverse order of declaration
 }
 
+// cuBLAS's workspaces, at a thread's first GEMM (cuda_kernels.h).
 void StepStream::Impl::gemm_workspace(bool backward, bool lt) {
   bool& cublas = backward ? s.workspace_bwd_ : s.workspace_fwd_;
   bool& cublas_lt = backward ? s.workspace_lt_bwd_ : s.workspace_lt_fwd_;
@@ -183,8 +183,8 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   const Id gh = A(N * D * 4);
   F({drows32});
   const Id R = A(N * D * 4);
-  Id nf_dg = A(D * 4), no_bias = kNone;
-  norm_weight_partials(N, D, nf_dg, no_bias);
+  Id nf_dg = A(D * 4);
+  norm_weight_partials(N, D, nf_dg);
   F({gh, x, nfr});
   acc(nf_dg);
   Id G = R;

@@ -102,8 +102,8 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
   F({dWgu});
   pacc(dWgu32);
   const Id dn2 = A(N * D * 4);
-  Id dg2 = A(D * 4), none = kNone;
-  norm_weight_partials(N, D, dg2, none);
+  Id dg2 = A(D * 4);
+  norm_weight_partials(N, D, dg2);
   F({dX2_32, b.h, b.n2r});
   Id R = G;
   if (ckpt) R = A(N * D * 4);  // summed out of place: the outer node holds the output's
@@ -147,7 +147,7 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
   pacc(dWqkv32);
   const Id dn1 = A(N * D * 4);
   Id dg1 = A(D * 4);
-  norm_weight_partials(N, D, dg1, none);
+  norm_weight_partials(N, D, dg1);
   if (ckpt) {
     F({dX1_32, b.n1r, dn1});
   } else {

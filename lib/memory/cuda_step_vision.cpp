@@ -240,7 +240,7 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
   to_fp32(grads.fc1, d, m);
   const Id dn2 = A(nP * d * 4);
   Id dg2 = A(d * 4), db2 = A(d * 4);
-  norm_weight_partials(nP, d, dg2, db2);
+  norm_weight_partials(nP, d, dg2, &db2);
   F({fc1_dx32, s_.h, s_.ln2m, s_.ln2r});
   Id R = G;
   if (ckpt) {
@@ -268,7 +268,7 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
   to_fp32(grads.qkv, d, 3 * d);
   const Id dn1 = A(nP * d * 4);
   Id dg1 = A(d * 4), db1 = A(d * 4);
-  norm_weight_partials(nP, d, dg1, db1);
+  norm_weight_partials(nP, d, dg1, &db1);
   if (ckpt) {
     F({qkv_dx32, s_.ln1m, s_.ln1r, dn1});
   } else {
@@ -314,7 +314,7 @@ void StepStream::Impl::image_backward(Id G, Id img32, Id mp_w, Id mp_x) {
     F({dXp32});
     const Id RV = A(nP * d * 4);
     Id lnf_dg = A(d * 4), lnf_db = A(d * 4);
-    norm_weight_partials(nP, d, lnf_dg, lnf_db);
+    norm_weight_partials(nP, d, lnf_dg, &lnf_db);
     F({gps, c.vit_last, c.lnfm, c.lnfr});
     join(grads.lnf_g, lnf_dg, d * 4, place, false);
     join(grads.lnf_b, lnf_db, d * 4, place, false);

@@ -83,10 +83,10 @@ struct StepStream::Impl {
   }
 
   // A norm backward over `rows` x `features` after its outputs (the input's gradient, then
-  // `dg` and `db`, db kNone for RMSNorm): the two-stage weight gradients where the kernel takes
+  // `dg` and `db`; RMSNorm has no `db`): the two-stage weight gradients where the kernel takes
   // them (cuda_kernels.h norm_weight_partial_rows): the partial sums, each summed into a new
   // gradient that replaces the first, the partials freed. `dg` and `db` then name the results.
-  void norm_weight_partials(int64_t rows, int64_t features, Id& dg, Id& db);
+  void norm_weight_partials(int64_t rows, int64_t features, Id& dg, Id* db = nullptr);
 
   // cuBLAS's workspaces, at a thread's first GEMM (cuda_kernels.h).
   void gemm_workspace(bool backward, bool lt);

@@ -73,6 +73,7 @@ DeviceTarget DeviceTarget::cuda_device(GpuInfo gpu, TorchVersion torch, int64_t 
   t.gpu = std::move(gpu);
   t.torch = torch;
   t.ranks = ranks;
+  t.device_bytes = t.gpu.memory_bytes;
   return t;
 }
 

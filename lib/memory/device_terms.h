@@ -49,9 +49,10 @@ struct DeviceTarget {
   // NCCL_MAX_NCHANNELS); this default is an assumption, corrected through the calibrated
   // context term (docs/memory-device.md).
   int64_t nccl_channels = 8;
-  // CUDA: the device's memory as the run has it (memory.simulate_device_bytes, else the
-  // device's total), 0 when not known. What it leaves beside the CUDA context and NCCL's buffers
-  // caps the caching allocator's model (a request that would pass it first returns the cached
+  // CUDA: the device's memory as the run has it, 0 when not known: the catalog GPU's
+  // (cuda_device), which the trainer replaces by the device's reported total or
+  // memory.simulate_device_bytes. What it leaves beside the CUDA context and NCCL's buffers caps
+  // the caching allocator's model (a request that would pass it first returns the cached
   // segments, as the allocator does), so a predicted reserved peak is one the device can hold.
   int64_t device_bytes = 0;
 

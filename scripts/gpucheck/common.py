@@ -126,18 +126,30 @@ def finite_losses(steps):
                                for s in steps)
 
 
+def device_peak(s):
+    """A step's measured device figure, what the memory budget bounds: on CUDA the reserved peak
+    and what the device holds outside the allocator; on the CPU the tensor bytes."""
+    if s.get("memory/peak_reserved_bytes"):
+        return s["memory/peak_reserved_bytes"] + (s.get("memory/device_overhead_bytes") or 0)
+    return s.get("memory/peak_allocated_bytes")
+
+
 def prediction_errors(steps):
-    """(predicted - measured) / measured of the allocated and reserved peaks per step."""
-    out = {"allocated": [], "reserved": []}
+    """(predicted - measured) / measured of the allocated, reserved and (CUDA) device peaks per
+    step."""
+    out = {"allocated": [], "reserved": [], "device": []}
     for s in steps:
         if s.get("oom_retries", 0):
             continue
-        for kind, pred, meas in (("allocated", "memory/predicted_peak_bytes",
-                                  "memory/peak_allocated_bytes"),
-                                 ("reserved", "memory/predicted_reserved_bytes",
-                                  "memory/peak_reserved_bytes")):
-            if s.get(pred) and s.get(meas):
-                out[kind].append((s[pred] - s[meas]) / s[meas])
+        device = device_peak(s) if s.get("memory/peak_reserved_bytes") else None
+        for kind, pred, meas in (
+                ("allocated", s.get("memory/predicted_peak_bytes"),
+                 s.get("memory/peak_allocated_bytes")),
+                ("reserved", s.get("memory/predicted_reserved_bytes"),
+                 s.get("memory/peak_reserved_bytes")),
+                ("device", s.get("memory/predicted_device_bytes"), device)):
+            if pred and meas:
+                out[kind].append((pred - meas) / meas)
     return out
 
 

@@ -5,7 +5,8 @@ import re
 import shutil
 import statistics
 
-from gpucheck.common import NANOVLM, CheckFailed, nanovlm
+from gpucheck.common import (NANOVLM, CheckFailed, device_peak, nanovlm, prediction_errors,
+                             summary_of)
 from gpucheck.recording import add_to_tar, xz
 from gpucheck.throughput import stream_dataset
 
@@ -31,60 +32,34 @@ def _ratio(values):
 
 
 def summarise(steps, fill_target=0.85):
-    """What a run of `batch_size: auto` shows: OOMs, how full each step's peak came to the
-    budget (the device figure: reserved + what the device holds outside the allocator, which
-    is what the budget bounds), the predictions' errors, MFU and useful tokens/s."""
-    fills, allocated, predicted_fill, errors = [], [], [], {"allocated": [], "reserved": [],
-                                                            "device": []}
+    """What a run of `batch_size: auto` shows beside the usual summary (medians, peaks): OOMs,
+    how full each step's peaks came to the budget (allocated, and the device figure the budget
+    bounds: device_peak), the predictions' errors as ranges, and every step's figures."""
+    fills, allocated, predicted = [], [], []
     for s in steps:
         budget = s.get("memory/budget_bytes")
-        reserved = s.get("memory/peak_reserved_bytes")
-        outside = s.get("memory/device_overhead_bytes") or 0
         if not budget:
             continue
-        # The budget bounds the device figure on CUDA, the tensor bytes on the CPU.
-        device = reserved + outside if reserved else s.get("memory/peak_allocated_bytes")
-        if device:
-            fills.append(device / budget)
-        if s.get("memory/peak_allocated_bytes"):
-            allocated.append(s["memory/peak_allocated_bytes"] / budget)
-        if s.get("memory/predicted_device_bytes"):
-            predicted_fill.append(s["memory/predicted_device_bytes"] / budget)
-        if s.get("oom_retries"):
-            continue
-        for kind, pred, meas in (
-                ("allocated", s.get("memory/predicted_peak_bytes"),
-                 s.get("memory/peak_allocated_bytes")),
-                ("reserved", s.get("memory/predicted_reserved_bytes"), reserved),
-                ("device", s.get("memory/predicted_device_bytes"),
-                 device if reserved else None)):
-            if pred and meas:
-                errors[kind].append((pred - meas) / meas)
-
-    def median(key):
-        values = [s[key] for s in steps if s.get(key) is not None]
-        return statistics.median(values) if values else None
-
+        for into, value in ((fills, device_peak(s)),
+                            (allocated, s.get("memory/peak_allocated_bytes")),
+                            (predicted, s.get("memory/predicted_device_bytes"))):
+            if value:
+                into.append(value / budget)
     fill = _ratio(fills)
-    return {
-        "steps": len(steps),
+    out = summary_of(steps)
+    out.update({
         "oom_retries": sum(s.get("oom_retries") or 0 for s in steps),
-        "micro_steps": sorted({s.get("micro_steps") for s in steps if s.get("micro_steps")}),
-        "budget_bytes": steps[-1].get("memory/budget_bytes") if steps else None,
+        "micro_steps": sorted({s["micro_steps"] for s in steps if s.get("micro_steps")}),
+        "budget_bytes": steps[-1].get("memory/budget_bytes"),
         "device_fill": fill,
         "allocated_fill": _ratio(allocated),
-        "predicted_device_fill": _ratio(predicted_fill),
+        "predicted_device_fill": _ratio(predicted),
         "fill_target": fill_target,
         "fill_target_met": bool(fill and fill["mean"] >= fill_target),
-        "prediction_error": {k: _ratio(v) for k, v in errors.items()},
-        "mfu": median("mfu"),
-        "useful_tokens_per_s": median("throughput/tokens_per_s"),
-        "step_ms": median("time/step_ms"),
-        "data_wait_ms": median("time/data_wait_ms"),
-        "loss_first": steps[0].get("loss") if steps else None,
-        "loss_last": steps[-1].get("loss") if steps else None,
+        "prediction_error": {k: _ratio(v) for k, v in prediction_errors(steps).items()},
         "per_step": [_step_fields(s) for s in steps],
-    }
+    })
+    return out
 
 
 def _said_at_start(log_path):
@@ -118,11 +93,11 @@ def check_auto_batch(r, stream, steps=50, h100_steps=20, artifacts="", samples=3
         overrides = model + [
             f"data.train=[{{path: {data}/train.jsonl}}]", "train.batch_size=auto",
             "train.global_batch_size=16", AUTO_WORKERS, f"train.max_steps={n}",
-            *([f"output.memory_trace_steps=2"] if trace else []), *extra]
+            *(["output.memory_trace_steps=2"] if trace else []), *extra]
         code, run, recs = r.train(f"auto-{label}", "configs/nanovlm.yaml", overrides,
                                   expect_ok=False)
         entry = {"exit": code, "overrides": overrides, "said": _said_at_start(run + ".log"),
-                 **summarise(recs)}
+                 **(summarise(recs) if recs else {"steps": 0})}
         out[label] = entry
         if trace:
             for name in ("memory-trace.rank0.txt", "metrics.jsonl", "config.yaml"):

@@ -211,7 +211,10 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
         const memory::StepState state{k > 0, k > 0};
         memory::DeviceTarget h100 =
             memory::DeviceTarget::cuda_device(*find_gpu("H100-80GB"), {2, 11}, 1);
-        h100.device_bytes = config.memory.simulate_device_bytes.bytes;  // 0: uncapped
+        // The device the run had: an H100's 80 GB, or the memory it simulated.
+        if (const int64_t simulated = config.memory.simulate_device_bytes.bytes; simulated > 0) {
+          h100.device_bytes = simulated;
+        }
         const auto predicted = memory::cuda::replayed_step(spec, shapes, state, h100, {});
         REQUIRE(predicted.has_value());
         INFO("predicted alone: allocated " << predicted->allocated << ", reserved "

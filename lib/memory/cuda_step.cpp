@@ -148,40 +148,10 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   // The final norm and the loss (model/token_loss.cpp) on the supervised rows.
   const Id nf = A(N * D * 4), nfr = A(N * 4);
   F({sin, cos});
-  const Id ne = A(N), rows = A(L * D * 4), tgt = A(L * 8);
-  const Id hsum = A(4);
-  const ReduceStaging staging = reduce_staging(s.gpu_, 1, N * D, 4, true);
-  if (staging.staging > 0) {
-    const Id st = A(staging.staging), sem = A(staging.semaphores);
-    F({sem, st});
-  }
-  const Id zero = A(4), count = A(8), count_cast = A(N * 8);
-  F({count_cast});
-  F({hsum});
-  const Id hw = A(V * D * 2), rows_b = A(L * D * 2);
-  const Id lg16 = A(L * V * 2), lg32 = A(L * V * 4);
-  F({lg16});
-  const Id lsm = A(L * V * 4), loss = A(4), tw = A(4);
-  F({lg32, zero, rows, ne, nf, count});
+  loss_forward(nf);
   for (const Id c : cache) F({c});
-  // The backward: the loss and the tied head.
-  const Id obj = A(4), seed = A(4), gmul = A(4);
-  const Id gnll = A(L * V * 4);
-  F({gmul, tgt, tw});
-  const Id glsm = A(L * V * 4);
-  F({gnll, lsm});
-  const Id glg16 = A(L * V * 2);
-  F({glsm});
-  const Id dhw = A(V * D * 2);
-  gemm_workspace(true, false);
-  const Id drows = A(L * D * 2);
-  F({glg16, hw, rows_b});
-  const Id drows32 = A(L * D * 4);
-  F({drows});
-  const Id dhw32 = A(V * D * 4);
-  F({dhw});
-  const Id gh = A(N * D * 4);
-  F({drows32});
+  // The backward: the loss and the tied head, then the final norm.
+  const Id gh = loss_backward();
   const Id R = A(N * D * 4);
   Id nf_dg = A(D * 4);
   norm_weight_partials(N, D, nf_dg);
@@ -205,15 +175,17 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   // text-only micro-batch hands the residual gradient to the embedding as it is).
   const Id gtok = images ? A(N * D * 4) : G;
   if (images) image_backward(G, img32, mp_w, mp_x);
-  embedding_backward(gtok, dhw32);
-  F({seed});
+  embedding_backward(gtok);
+  F({lo.seed});
   // The end of the micro-step (train/step_runner.cpp): the loss summed on the device.
+  // Freeing the objective and the loss releases the graph, and with it a chunked loss's
+  // targets (the loss's storage stays as the running sum after the first micro-step).
   if (micro == 0) {
-    F({obj});
-    lsum = loss;
+    F({lo.obj, lo.held_targets});
+    lsum = lo.loss;
   } else {
     const Id sum = A(4);
-    F({lsum, obj, loss});
+    F({lsum, lo.obj, lo.held_targets, lo.loss});
     lsum = sum;
   }
   if (ckpt_l) F({sin_b, cos_b});
@@ -315,11 +287,6 @@ void StepStream::model_states() {
     alloc(8 * 64);
   }
   for (const int64_t bytes : model_state_bytes(spec_)) alloc(bytes);
-}
-
-bool StepStream::chunks_loss(const MicroBatchShape& micro) const {
-  const int64_t chunk = spec_.levers.loss_chunk_tokens;
-  return chunk > 0 && micro.supervised > chunk;
 }
 
 void StepStream::step(const std::vector<MicroBatchShape>& micro_batches) {
@@ -431,9 +398,6 @@ std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
     if (before.image_gradients_pending) warm_up.back().crops = 0;
   }
   StepStream stream(spec, gpu);
-  for (const MicroBatchShape& m : step) {
-    if (stream.chunks_loss(m)) return std::nullopt;
-  }
   stream.model_states();
   if (before.gradients && before.moments) {
     stream.step(warm_up);

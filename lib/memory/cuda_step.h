@@ -47,17 +47,14 @@ class StepStream {
   // The parameters and buffers as the model's construction allocates them.
   void model_states();
   // One optimizer step over `micro_batches` in order (the first step of the process creates the
-  // gradients, AdamW's moments and cuBLAS's workspaces). A micro-batch with more supervised
-  // tokens than model.loss_chunk_tokens chunks the loss, which is not modelled: the caller
-  // checks `chunks_loss` first. A micro-batch without crops skips the image path (not in the
-  // recorded traces: derived from the model code).
+  // gradients, AdamW's moments and cuBLAS's workspaces). A micro-batch without crops skips the
+  // image path (not in the recorded traces: derived from the model code).
   void step(const std::vector<MicroBatchShape>& micro_batches);
   // The same micro-steps without the optimizer (the preflight's forward and backward: the
   // gradients and workspaces exist afterwards, AdamW's moments not).
   void backward_passes(const std::vector<MicroBatchShape>& micro_batches);
   // AdamW's moments as a resumed process loads them, before any gradient exists.
   void optimizer_states();
-  bool chunks_loss(const MicroBatchShape& micro) const;
 
   const std::vector<Request>& requests() const { return requests_; }
 

@@ -158,8 +158,8 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
 }
 
 // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
-// gradient: the sort path above 3,072 indices, then the tied head's gradient summed into it.
-void StepStream::Impl::embedding_backward(Id gtok, Id dhw32) {
+// gradient: the sort path above 3,072 indices, then joined with the tied head's gradient.
+void StepStream::Impl::embedding_backward(Id gtok) {
   Id eb_gw = -1;
   if (N > kEmbeddingSortThreshold) {
     const Id sorted = A(N * 8), orig = A(N * 8), range = A(N * 8);
@@ -180,8 +180,13 @@ void StepStream::Impl::embedding_backward(Id gtok, Id dhw32) {
     eb_gw = A(V * D * 4);
   }
   F({gtok});
+  if (!lo.chunks.empty()) {  // the chunks' sum is the buffer: added in place
+    F({eb_gw});
+    acc(lo.head_grad);
+    return;
+  }
   const Id eb_sum = A(V * D * 4);
-  F({dhw32, eb_gw});
+  F({lo.head_grad, eb_gw});
   acc(eb_sum);
 }
 

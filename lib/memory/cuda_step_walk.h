@@ -176,6 +176,22 @@ struct StepStream::Impl {
   Id dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t layer, bool ckpt,
                         std::vector<Id>& keep);
 
+  // --- the loss (cuda_step_loss.cpp) ------------------------------------------------------
+  // The loss's tensors between its forward and its backward.
+  struct Loss {
+    Id ne = -1, rows = -1, tgt = -1, hw = -1, rows_b = -1, lsm = -1, tw = -1, loss = -1;
+    Id obj = -1, seed = -1, head_grad = -1;
+    Id held_targets = kNone;      // chunked: the targets, freed with the graph
+    std::vector<int64_t> chunks;  // model.loss_chunk_tokens: the chunks' rows; empty: whole
+  };
+  Loss lo;
+  // After the final norm (`nf`, its output): the supervised rows gathered, the head and the
+  // cross-entropy, whole or in checkpointed chunks (model/token_loss.cpp), to the loss.
+  void loss_forward(Id nf);
+  // The loss's backward to the gradient at the final norm's output (returned); the tied head's
+  // gradient is left in `lo.head_grad` for the embedding's backward.
+  Id loss_backward();
+
   // --- one micro-step ---------------------------------------------------------------------
   void micro_step(const MicroBatchShape& mb, bool last_micro);
 
@@ -184,8 +200,9 @@ struct StepStream::Impl {
   void image_backward(Id G, Id img32, Id mp_w, Id mp_x);
 
   // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
-  // gradient: the sort path above 3,072 indices, then the tied head's gradient summed into it.
-  void embedding_backward(Id gtok, Id dhw32);
+  // gradient: the sort path above 3,072 indices, then joined with the tied head's gradient
+  // (`lo.head_grad`): summed out of place, or, after a chunked loss's sum, added into it.
+  void embedding_backward(Id gtok);
 
   // The gradient all-reduce over several ranks (runtime/distributed.cpp all_reduce_gradients):
   // a parameter without a gradient on this rank gets zeros (they stay as its .grad); the

@@ -97,18 +97,7 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
       const memory::MemorySpec spec = memory::run_spec(config, /*cuda=*/true);
       const std::string why = memory::cuda::unmodelled(spec);
       INFO(name << (why.empty() ? "" : ": " + why));
-      if (!why.empty()) continue;  // fp32 and a chunked ViT: not replayed yet
-      bool chunked = false;        // the loss in chunks: not replayed yet
-      {
-        memory::cuda::StepStream probe(spec, memory::cuda::GpuShape{});
-        for (const auto& step : run.at("steps")) {
-          for (const auto& m : step.at("micro_batches")) {
-            chunked = chunked || probe.chunks_loss({m.at("tokens").get<int64_t>(), 0,
-                                                    m.at("supervised").get<int64_t>(), 0});
-          }
-        }
-      }
-      if (chunked) continue;
+      if (!why.empty()) continue;
       const fs::path folder = recorded_in / fs::path(name).parent_path();
       std::istringstream text(
           test::read_xz_file(folder / (fs::path(name).filename().string() + ".trace.xz")));

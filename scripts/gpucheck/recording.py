@@ -50,6 +50,24 @@ def record_matrix():
                                         "model.frozen_dtype=bf16"], 2),
         ("tiny-bf16-vitchunk8-ckpt", demo,
          tiny + bf16 + ["model.vision_chunk_crops=8", "model.checkpoint_vision=true"], 3),
+        # The rest of what it does not cover (2026-11-28, night): an untied head, the decoder
+        # or the projector frozen alone, a chunked loss over two micro-steps and at 460M's
+        # sizes, fp32 at 460M, a checkpointed ViT in chunks at 460M.
+        ("tiny-bf16-untied", demo, tiny + bf16 + ["model.language.tie_embeddings=false"], 3),
+        ("222m-bf16-untied", nano,
+         big("nanovlm-222m") + bf16 + ["model.language.tie_embeddings=false"], 2),
+        ("tiny-bf16-frozen-language", demo, tiny + bf16 + ["model.freeze_language=true"], 3),
+        ("tiny-bf16-frozen-language-bf16", demo,
+         tiny + bf16 + ["model.freeze_language=true", "model.frozen_dtype=bf16"], 3),
+        ("tiny-bf16-frozen-projector", demo, tiny + bf16 + ["model.freeze_projector=true"], 3),
+        ("tiny-bf16-losschunk16-accum2", demo,
+         tiny + bf16 + ["model.loss_chunk_tokens=16", "train.gradient_accumulation_steps=2"], 3),
+        ("460m-bf16-losschunk1024", nano,
+         big("nanovlm-460m") + bf16 + ["model.loss_chunk_tokens=1024"], 2),
+        ("460m-fp32", nano, big("nanovlm-460m") + fp32, 2),
+        ("460m-bf16-vitchunk16-ckpt", nano,
+         big("nanovlm-460m") + bf16 + ["model.vision_chunk_crops=16",
+                                        "model.checkpoint_vision=true"], 2),
     ]
 
 

@@ -20,9 +20,8 @@ std::string unmodelled(const MemorySpec& spec) {
   if (!spec.language.trainable) return "a frozen decoder on CUDA is not replayed yet";
   if (!spec.projector.trainable) return "a frozen projector on CUDA is not replayed yet";
   if (!l.tie_embeddings) return "an untied head on CUDA is not replayed yet";
-  if (spec.levers.vision_chunk_crops > 0 &&
-      (spec.levers.checkpoint_vision || !spec.vision.trainable)) {
-    return "model.vision_chunk_crops with a checkpointed or frozen ViT on CUDA is not replayed yet";
+  if (spec.levers.vision_chunk_crops > 0 && !spec.vision.trainable) {
+    return "model.vision_chunk_crops with a frozen ViT on CUDA is not replayed yet";
   }
   return "";
 }

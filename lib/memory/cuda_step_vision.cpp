@@ -33,28 +33,29 @@ VitBlock StepStream::Impl::vit_block_grad(bool recompute, bool cast) {
 }
 
 // A checkpointed block's forward without a graph; the weights still require a gradient, so
-// autocast caches their casts until the forward's end.
-VitBlock StepStream::Impl::vit_block_checkpointed() {
+// autocast caches their casts until the forward's end (`cast`: the first chunk makes them).
+VitBlock StepStream::Impl::vit_block_checkpointed(bool cast) {
+  const auto C = [&](int64_t bytes) { return cast ? A(bytes) : kNone; };
   VitBlock b;
   b.ln1 = A(nP * d * 4), b.ln1m = A(nP * 4), b.ln1r = A(nP * 4);
   F({b.ln1m, b.ln1r});
-  b.qkv_b = A(3 * d * 2), b.qkv_w = A(3 * d * d * 2), b.qkv_x = A(nP * d * 2);
+  b.qkv_b = C(3 * d * 2), b.qkv_w = C(3 * d * d * 2), b.qkv_x = A(nP * d * 2);
   b.qkv = A(nP * 3 * d * 2);
   F({b.qkv_x});
   b.att = A(nP * d * 2), b.lse = A(n * h * P * 4), b.r16 = A(kFlashRngStateBytes),
   b.r8 = A(kFlashRngPlaceholderBytes);
   F({b.lse, b.r16, b.r8});
-  b.o_b = A(d * 2), b.o_w = A(d * d * 2), b.o_out = A(nP * d * 2);
+  b.o_b = C(d * 2), b.o_w = C(d * d * 2), b.o_out = A(nP * d * 2);
   F({b.att, b.qkv});
   b.h = A(nP * d * 4);
   F({b.o_out, b.ln1});
   b.ln2 = A(nP * d * 4), b.ln2m = A(nP * 4), b.ln2r = A(nP * 4);
   F({b.ln2m, b.ln2r});
-  b.fc1_b = A(m * 2), b.fc1_w = A(m * d * 2), b.fc1_x = A(nP * d * 2);
+  b.fc1_b = C(m * 2), b.fc1_w = C(m * d * 2), b.fc1_x = A(nP * d * 2);
   b.fc1 = A(nP * m * 2);
   F({b.fc1_x});
   b.gelu = A(nP * m * 2);
-  b.fc2_b = A(d * 2), b.fc2_w = A(d * m * 2), b.fc2_out = A(nP * d * 2);
+  b.fc2_b = C(d * 2), b.fc2_w = C(d * m * 2), b.fc2_out = A(nP * d * 2);
   F({b.gelu, b.fc1});
   b.out = A(nP * d * 4);
   F({b.fc2_out, b.ln2, b.h});
@@ -157,7 +158,7 @@ std::vector<Id> StepStream::Impl::vit_forward() {
     F({pe_out, patches});
     if (pe_b != kNone) cache.push_back(pe_b);
     for (int64_t l = 0; l < vl; ++l) {
-      c.blocks.push_back(ckpt_v ? vit_block_checkpointed() : vit_block_grad(false, cast));
+      c.blocks.push_back(ckpt_v ? vit_block_checkpointed(cast) : vit_block_grad(false, cast));
       for (const Id k : c.blocks.back().cached) {
         if (k != kNone) cache.push_back(k);
       }
@@ -195,11 +196,15 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
   // once the last has added its own, converted to fp32 (ToCopyBackward0), weight first. A
   // checkpointed block's are captured by autograd::grad instead (one chunk).
   const auto gather = [&](LinearGrads& g, Id dw, Id db, int64_t in, int64_t out) {
+    if (ckpt) {  // the chunk's recompute is a graph of its own
+      g.b = db, g.w = dw;
+      return;
+    }
     join(g.b, db, out * 2, place, true);
     join(g.w, dw, out * in * 2, place, true);
   };
   const auto to_fp32 = [&](LinearGrads& g, int64_t in, int64_t out) {
-    if (!place.last()) return;
+    if (!ckpt && !place.last()) return;
     if (ckpt) {
       const Id w32 = A(out * in * 4);
       F({g.w});
@@ -332,7 +337,14 @@ void StepStream::Impl::image_backward(Id G, Id img32, Id mp_w, Id mp_x) {
         for (const Id cached : recomputed.cached) F({cached});
         const Id next = vit_block_backward(recomputed, G, -1, true, keep, place, grads.blocks[li]);
         F({recomputed.out, G, xin});
-        for (const Id kept : keep) acc_image(kept);
+        // The chunks' nodes feed each parameter's AccumulateGrad: the first chunk's gradient
+        // is its input buffer, the others are added into it, and it runs after the last.
+        std::vector<Id>& buffers = grads.blocks[li].captured;
+        buffers.resize(keep.size(), -1);
+        for (size_t i = 0; i < keep.size(); ++i) {
+          join(buffers[i], keep[i], 0, place, false);
+          if (place.last()) acc_image(buffers[i]);
+        }
         G = next;
       } else {
         G = vit_block_backward(c.blocks[li], G, xin, false, keep, place, grads.blocks[li]);

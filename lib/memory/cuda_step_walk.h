@@ -128,6 +128,7 @@ struct StepStream::Impl {
   struct BlockGrads {
     LinearGrads qkv, o, fc1, fc2;
     Id ln1_g = -1, ln1_b = -1, ln2_g = -1, ln2_b = -1;
+    std::vector<Id> captured;  // a checkpointed block's, in the chunks' input buffers
   };
   struct ImageGrads {
     explicit ImageGrads(size_t layers) : blocks(layers) {}
@@ -141,8 +142,8 @@ struct StepStream::Impl {
   VitBlock vit_block_grad(bool recompute, bool cast = true);
 
   // A checkpointed block's forward without a graph; the weights still require a gradient, so
-  // autocast caches their casts until the forward's end.
-  VitBlock vit_block_checkpointed();
+  // autocast caches their casts until the forward's end (`cast`: the first chunk makes them).
+  VitBlock vit_block_checkpointed(bool cast);
 
   // A frozen ViT's block (no autograd). fp32 weights: each linear casts its bias, weight and
   // input and frees them after the GEMM; bf16 weights: nothing cast but the LayerNorms'

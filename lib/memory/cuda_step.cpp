@@ -17,7 +17,16 @@ std::string unmodelled(const MemorySpec& spec) {
   if (spec.precision != ComputePrecision::kBf16) {
     return "fp32 training on CUDA (the decoder's grouped attention there) is not replayed yet";
   }
-  if (!spec.language.trainable) return "a frozen decoder on CUDA is not replayed yet";
+  if (!spec.language.trainable) {
+    if (spec.language.parameter_bytes != 2) {
+      return "a decoder frozen in fp32 storage on CUDA is not replayed yet (model.frozen_dtype: "
+             "bf16 is)";
+    }
+    if (spec.levers.checkpoint_language || spec.levers.loss_chunk_tokens > 0) {
+      return "a frozen decoder with model.checkpoint_language or model.loss_chunk_tokens on CUDA "
+             "is not replayed yet";
+    }
+  }
   if (!spec.projector.trainable) return "a frozen projector on CUDA is not replayed yet";
   if (!l.tie_embeddings) return "an untied head on CUDA is not replayed yet";
   if (spec.levers.vision_chunk_crops > 0 && !spec.vision.trainable) {
@@ -51,6 +60,8 @@ StepStream::Impl::Impl(StepStream& stream) : s(stream) {
   ckpt_v = s.spec_.levers.checkpoint_vision;
   ckpt_l = s.spec_.levers.checkpoint_language;
   freeze_v = !s.spec_.vision.trainable;
+  freeze_l = !s.spec_.language.trainable;  // in bf16 storage (unmodelled says so)
+  es = freeze_l ? 2 : 4;
   frozen_bf16 = freeze_v && s.spec_.vision.parameter_bytes == 2;
 }
 
@@ -108,9 +119,9 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
     F({i32});
   }
   const Id iti = A(n * Ti * 8), sup = A(L * 8), crops = A(n * 3 * img * img * 4);
-  const Id emb = A(N * D * 4);
+  const Id emb = A(N * D * es);
   std::vector<Id> cache;
-  Id mp_w = kNone, mp_x = kNone, img32 = kNone, merged = emb;
+  Id mp_w = kNone, mp_x = kNone, source = kNone, merged = emb;
   if (images) {
     cache = vit_forward();
     Id embeddings = kNone;
@@ -127,8 +138,14 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
       embeddings = A(n * Ti * D * 2);
       for (const VitChunk& c : chunks) F({c.mp_out});
     }
-    img32 = A(n * Ti * D * 4), merged = A(N * D * 4);
-    F({embeddings, emb});
+    // index_copy keeps its source for the backward: the embeddings as the stream's type.
+    if (freeze_l) {
+      source = embeddings, merged = A(N * D * 2);
+      F({emb});
+    } else {
+      source = A(n * Ti * D * 4), merged = A(N * D * 4);
+      F({embeddings, emb});
+    }
   }
   // RoPE tables, and their bf16 casts kept for every layer.
   const Id posf = A(N * 4), ang = A(N * hd / 2 * 4);
@@ -141,26 +158,30 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   dec_inputs.clear();
   for (int64_t l = 0; l < Ll; ++l) {
     dec_inputs.push_back(x);
-    dec.push_back(ckpt_l ? dec_block_checkpointed(l == 0) : dec_block_grad(false, l == 0));
+    dec.push_back(freeze_l ? dec_block_frozen(l == 0)
+                  : ckpt_l ? dec_block_checkpointed(l == 0)
+                           : dec_block_grad(false, l == 0));
     x = dec.back().out;
   }
   // The final norm and the loss (model/token_loss.cpp) on the supervised rows.
-  const Id nf = A(N * D * 4), nfr = A(N * 4);
+  const Id nf = A(N * D * es), nfr = A(N * 4);
   F({sin, cos});
   loss_forward(nf);
   for (const Id c : cache) F({c});
   // The backward: the loss and the tied head, then the final norm.
   const Id gh = loss_backward();
-  const Id R = A(N * D * 4);
-  Id nf_dg = A(D * 4);
-  norm_weight_partials(N, D, nf_dg);
+  const Id R = A(N * D * es);
+  Id nf_dg = freeze_l ? kNone : A(D * 4);
+  if (!freeze_l) norm_weight_partials(N, D, nf_dg);
   F({gh, x, nfr});
-  acc(nf_dg);
+  if (!freeze_l) acc(nf_dg);
   Id G = R;
   for (int64_t l = Ll; l-- > 0;) {
     std::vector<Id> keep;
     const size_t li = static_cast<size_t>(l);
-    if (ckpt_l) {
+    if (freeze_l) {
+      dec_block_backward_frozen(dec[li], dec_inputs[li], l == 0);
+    } else if (ckpt_l) {
       const DecBlock recomputed = dec_block_grad(true, l == Ll - 1);
       const Id next = dec_block_backward(recomputed, G, -1, l, true, keep);
       F({recomputed.out, G, dec_inputs[li]});
@@ -171,10 +192,11 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
     }
   }
   // index_copy's backward: the token embeddings' and the image embeddings' gradients (a
-  // text-only micro-batch hands the residual gradient to the embedding as it is).
-  const Id gtok = images ? A(N * D * 4) : G;
-  if (images) image_backward(G, img32, mp_w, mp_x);
-  embedding_backward(gtok);
+  // text-only micro-batch hands the residual gradient to the embedding as it is; a frozen
+  // decoder's embedding takes none).
+  const Id gtok = freeze_l ? kNone : images ? A(N * D * 4) : G;
+  if (images) image_backward(G, source, mp_w, mp_x);
+  if (!freeze_l) embedding_backward(gtok);
   F({lo.seed});
   // The end of the micro-step (train/step_runner.cpp): the loss summed on the device.
   // Freeing the objective and the loss releases the graph, and with it a chunked loss's
@@ -190,7 +212,7 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   if (ckpt_l) F({sin_b, cos_b});
   F({sup, lab, iti, crops, pos, ids});
   if (last_micro) F({lsum});
-  s.decoder_grads_ = true;
+  s.decoder_grads_ = !freeze_l;
   if (images) s.image_grads_ = true;
   ++micro;
 }
@@ -392,6 +414,9 @@ std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
     }
     const MicroBatchShape m{b.rows * b.row_tokens, b.segments, b.supervised_tokens, b.crops};
     if (m.supervised <= 0) return std::nullopt;
+    // With the decoder frozen a text-only micro-batch's loss reaches no trained parameter: no
+    // backward runs (train/step_runner.cpp), which the walk does not follow.
+    if (!spec.language.trainable && m.crops == 0) return std::nullopt;
     step.push_back(m);
     warm_up.push_back(m);
     if (before.image_gradients_pending) warm_up.back().crops = 0;

@@ -76,6 +76,34 @@ DecBlock StepStream::Impl::dec_block_checkpointed(bool first_layer) {
   return b;
 }
 
+// From the attention output's gradient `dXo`: FlashAttention's varlen backward (cuda_kernels.h)
+// and RoPE's, k then q, to the fused q/k/v gradient.
+Id StepStream::Impl::attention_backward(const DecBlock& b, Id dXo, bool frees_tables) {
+  const Id dq = A(N * Hq * hd * 2), dk = A(N * Hkv * hd * 2), dv = A(N * Hkv * hd * 2);
+  const Id sd = A(flash_varlen_softmax_d_bytes(N, S, Hq));
+  const Id dqacc = A(flash_varlen_dq_accum_bytes(N, S, Hq, hd));
+  if (Hq != Hkv) {  // GQA: dK and dV at the query heads, summed into dk, dv
+    const Id dke = A(N * Hq * hd * 2), dve = A(N * Hq * hd * 2);
+    F({dve, dke});
+  }
+  F({dqacc, sd, dXo, b.qrot, b.krot, b.v, b.o, b.lse, b.r16, b.r8});
+  Id g1[2] = {-1, -1};
+  for (const bool q : {false, true}) {  // k, then q
+    const int64_t width = N * (q ? Hq : Hkv) * hd;
+    const bool tables = frees_tables && q;  // the first layer's q frees the rotary tables
+    g1[q] = A(width * 2);
+    if (tables) F({cos_b});
+    const Id g2 = A(width * 2);
+    F({q ? dq : dk});
+    if (tables) F({sin_b});
+    const Id gn = A(width), gc = A(width * 2);
+    F({g2, gn, gc});
+  }
+  const Id gqkv = A(N * Pq * 2);
+  F({g1[1], g1[0], dv});
+  return gqkv;
+}
+
 // One decoder block's backward (the varlen flash backward in the middle); as the ViT's.
 Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t layer, bool ckpt,
                                         std::vector<Id>& keep) {
@@ -115,29 +143,7 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
   const Id dWo32 = A(D * D * 4);
   F({dWo});
   pacc(dWo32);
-  // FlashAttention's varlen backward (cuda_kernels.h).
-  const Id dq = A(N * Hq * hd * 2), dk = A(N * Hkv * hd * 2), dv = A(N * Hkv * hd * 2);
-  const Id sd = A(flash_varlen_softmax_d_bytes(N, S, Hq));
-  const Id dqacc = A(flash_varlen_dq_accum_bytes(N, S, Hq, hd));
-  if (Hq != Hkv) {  // GQA: dK and dV at the query heads, summed into dk, dv
-    const Id dke = A(N * Hq * hd * 2), dve = A(N * Hq * hd * 2);
-    F({dve, dke});
-  }
-  F({dqacc, sd, dXo, b.qrot, b.krot, b.v, b.o, b.lse, b.r16, b.r8});
-  Id g1[2] = {-1, -1};
-  for (const bool q : {false, true}) {  // k, then q
-    const int64_t width = N * (q ? Hq : Hkv) * hd;
-    const bool frees_tables = layer == 0 && q && !ckpt;
-    g1[q] = A(width * 2);
-    if (frees_tables) F({cos_b});
-    const Id g2 = A(width * 2);
-    F({q ? dq : dk});
-    if (frees_tables) F({sin_b});
-    const Id gn = A(width), gc = A(width * 2);
-    F({g2, gn, gc});
-  }
-  const Id gqkv = A(N * Pq * 2);
-  F({g1[1], g1[0], dv});
+  const Id gqkv = attention_backward(b, dXo, layer == 0 && !ckpt);
   const Id dWqkv = A(Pq * D * 2), dX1 = A(N * D * 2);
   F({gqkv, b.qkv_w, b.qkv_x});
   const Id dX1_32 = A(N * D * 4);
@@ -155,6 +161,58 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
   }
   pacc(dg1);
   return R;
+}
+
+// A decoder frozen in bf16 storage: a bf16 stream, no casts (the fused projections' weights
+// concatenated as they are and kept by the GEMM), the GEMMs' inputs not kept (no weight
+// gradient needs them).
+DecBlock StepStream::Impl::dec_block_frozen(bool first_layer) {
+  DecBlock b;
+  b.n1 = A(N * D * 2), b.n1r = A(N * 4);
+  b.qkv_cat = A(Pq * D * 2);
+  b.qkv = A(N * Pq * 2);
+  gemm_workspace(false, false);
+  rotary(b);
+  if (first_layer) new_bounds(false);
+  b.v = A(N * Hkv * hd * 2);
+  b.o = A(N * Hq * hd * 2), b.lse = A(Hq * N * 4), b.r16 = A(kFlashRngStateBytes),
+  b.r8 = A(kFlashRngPlaceholderBytes);
+  b.o_out = A(N * D * 2);
+  F({b.qkv});
+  b.h = A(N * D * 2);
+  F({b.o_out, b.n1});
+  b.n2 = A(N * D * 2), b.n2r = A(N * 4);
+  b.gu_cat = A(2 * Fm * D * 2);
+  b.gu = A(N * 2 * Fm * 2);
+  b.silu = A(N * Fm * 2), b.mul = A(N * Fm * 2);
+  b.d_out = A(N * D * 2);
+  F({b.mul});
+  b.out = A(N * D * 2);
+  F({b.d_out, b.n2});
+  return b;
+}
+
+// A frozen block's backward: the inputs' gradients alone, each norm's added in place into the
+// residual's gradient.
+void StepStream::Impl::dec_block_backward_frozen(const DecBlock& b, Id xin, bool first_layer) {
+  const Id dXd = A(N * Fm * 2);
+  gemm_workspace(true, false);
+  const Id gup = A(N * Fm * 2), gsilu = A(N * Fm * 2);
+  F({dXd, b.silu});
+  const Id gs = A(N * Fm * 2);
+  F({gsilu, b.gu});
+  const Id ggu = A(N * 2 * Fm * 2);
+  F({gs, gup});
+  const Id dX2 = A(N * D * 2);
+  F({ggu, b.gu_cat});
+  const Id dn2 = A(N * D * 2);
+  F({dX2, b.h, b.n2r, dn2});
+  const Id dXo = A(N * D * 2);
+  const Id gqkv = attention_backward(b, dXo, first_layer);
+  const Id dX1 = A(N * D * 2);
+  F({gqkv, b.qkv_cat});
+  const Id dn1 = A(N * D * 2);
+  F({dX1, xin, b.n1r, dn1});
 }
 
 // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'

@@ -9,7 +9,7 @@ namespace vlm::memory::cuda {
 
 void StepStream::Impl::loss_forward(Id nf) {
   lo = Loss{};
-  lo.ne = A(N), lo.rows = A(L * D * 4), lo.tgt = A(L * 8);
+  lo.ne = A(N), lo.rows = A(L * D * es), lo.tgt = A(L * 8);
   const Id hsum = A(4);  // hidden.sum(): the zero loss of a batch without supervised tokens
   const ReduceStaging staging = reduce_staging(s.gpu_, 1, N * D, 4, true);
   if (staging.staging > 0) {
@@ -21,9 +21,10 @@ void StepStream::Impl::loss_forward(Id nf) {
   F({hsum});
   const int64_t chunk = s.spec_.levers.loss_chunk_tokens;
   if (chunk <= 0 || L <= chunk) {
-    // summed_cross_entropy under autograd: the head's cast and the rows' are kept by the GEMM,
-    // log_softmax keeps its output, nll_loss its total weight.
-    lo.hw = A(V * D * 2), lo.rows_b = A(L * D * 2);
+    // summed_cross_entropy under autograd: the head's cast and the rows' are kept by the GEMM
+    // (a frozen bf16 head casts nothing, and its GEMM keeps no input), log_softmax keeps its
+    // output, nll_loss its total weight.
+    if (!freeze_l) lo.hw = A(V * D * 2), lo.rows_b = A(L * D * 2);
     const Id lg16 = A(L * V * 2), lg32 = A(L * V * 4);
     F({lg16});
     lo.lsm = A(L * V * 4), lo.loss = A(4), lo.tw = A(4);
@@ -60,6 +61,14 @@ Id StepStream::Impl::loss_backward() {
     F({gnll, lo.lsm});
     const Id glg16 = A(L * V * 2);
     F({glsm});
+    if (freeze_l) {  // the rows' gradient alone, in the stream's type
+      const Id drows = A(L * D * 2);
+      gemm_workspace(true, false);
+      F({glg16});
+      const Id gh = A(N * D * 2);
+      F({drows});
+      return gh;
+    }
     const Id dhw = A(V * D * 2);
     gemm_workspace(true, false);
     const Id drows = A(L * D * 2);

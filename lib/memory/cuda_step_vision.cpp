@@ -285,11 +285,17 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
 
 // From the residual gradient at the LM input: the image embeddings' gradient through the
 // projector and the ViT.
-void StepStream::Impl::image_backward(Id G, Id img32, Id mp_w, Id mp_x) {
-  const Id gimg = A(n * Ti * D * 4);
-  F({G, img32});
-  const Id gimg16 = A(n * Ti * D * 2);
-  F({gimg});
+void StepStream::Impl::image_backward(Id G, Id source, Id mp_w, Id mp_x) {
+  Id gimg16 = -1;
+  if (freeze_l) {  // a bf16 stream: the gradient is the projection's type
+    gimg16 = A(n * Ti * D * 2);
+    F({G, source});
+  } else {
+    const Id gimg = A(n * Ti * D * 4);
+    F({G, source});
+    gimg16 = A(n * Ti * D * 2);
+    F({gimg});
+  }
   if (freeze_v) {
     const Id dWp = A(D * d * ps * ps * 2);
     F({gimg16, mp_x});

@@ -43,7 +43,8 @@ struct StepStream::Impl {
   StepStream& s;
   // Dimensions (spec/model_spec.h): ViT, projector, decoder.
   int64_t img, patch, d, vl, h, m, ps, D, Ll, Hq, Hkv, hd, Fm, V, P, K, Ti, Pq;
-  bool ckpt_v, ckpt_l, freeze_v, frozen_bf16;
+  bool ckpt_v, ckpt_l, freeze_v, frozen_bf16, freeze_l;
+  int64_t es;  // the decoder's stream element: 4 (fp32), 2 with the decoder frozen in bf16
   // The micro-batch.
   int64_t N = 0, S = 0, L = 0, n = 0, nP = 0;
   int micro = 0;
@@ -173,9 +174,21 @@ struct StepStream::Impl {
 
   DecBlock dec_block_checkpointed(bool first_layer);
 
+  // A decoder frozen in bf16 storage: a bf16 stream, no casts (the fused projections' weights
+  // concatenated as they are and kept by the GEMM), the GEMMs' inputs not kept (no weight
+  // gradient needs them).
+  DecBlock dec_block_frozen(bool first_layer);
+
   // One decoder block's backward (the varlen flash backward in the middle); as the ViT's.
   Id dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t layer, bool ckpt,
                         std::vector<Id>& keep);
+
+  // A frozen block's backward: the inputs' gradients alone, added in place into the residual's.
+  void dec_block_backward_frozen(const DecBlock& b, Id xin, bool first_layer);
+
+  // From the attention output's gradient `dXo`: FlashAttention's varlen backward and RoPE's,
+  // to the fused q/k/v gradient (returned); the first layer's frees the rotary tables.
+  Id attention_backward(const DecBlock& b, Id dXo, bool frees_tables);
 
   // --- the loss (cuda_step_loss.cpp) ------------------------------------------------------
   // The loss's tensors between its forward and its backward.
@@ -196,9 +209,10 @@ struct StepStream::Impl {
   // --- one micro-step ---------------------------------------------------------------------
   void micro_step(const MicroBatchShape& mb, bool last_micro);
 
-  // From the residual gradient at the LM input: the image embeddings' gradient through the
-  // projector and the ViT.
-  void image_backward(Id G, Id img32, Id mp_w, Id mp_x);
+  // From the residual gradient at the LM input: the image embeddings' gradient (index_copy's
+  // saved `source`: their fp32 copy, or with a frozen bf16 decoder the embeddings themselves)
+  // through the projector and the ViT.
+  void image_backward(Id G, Id source, Id mp_w, Id mp_x);
 
   // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
   // gradient: the sort path above 3,072 indices, then joined with the tied head's gradient

@@ -9,11 +9,20 @@ makes (the code path of bench/gpu/2026-11-28-h100):
   supervised positions L*8, the crops n*3*I*I*4);
 - S: the varlen backward's softmax_d, Hq * (N + 128 S) * 4 bytes.
 
-Usage: trace_shapes.py DIR... > micro_batches.json (each DIR's report.json names the presets).
+Where the decoder's attention is not the varlen kernel (fp32: the grouped path), the trace does
+not give the segments: `--plan VLMTRAIN DATA` asks the planner for them (`vlmtrain
+inspect-batches --list` with the run's overrides on DATA, the demo dataset the run trained on:
+`vlmtrain make-demo-data --out DATA`), checks that its micro-batches have the trace's tokens,
+crops and supervised tokens, and adds each one's `segment_lengths` (row by row, each row's
+samples then its padding).
+
+Usage: trace_shapes.py [--plan VLMTRAIN DATA] DIR... > micro_batches.json (each DIR's
+report.json names the presets).
 """
 import json
 import lzma
 import os
+import subprocess
 import sys
 
 PRESETS = {  # lib/spec/presets.cpp: crop side, patch, pixel shuffle, decoder query heads
@@ -89,22 +98,65 @@ def traced_runs(report):
         yield AUTO_TRACED, auto.get("overrides", AUTO_OVERRIDES)
 
 
+def planned_segments(vlmtrain, data, overrides, steps):
+    """Per step, per micro-batch: (tokens, crops, supervised, segment lengths) as planned."""
+    config = "configs/demo.yaml" if "model.preset=tiny" in overrides else "configs/nanovlm.yaml"
+    args = [vlmtrain, "inspect-batches", "--config", config, "--steps", str(steps),
+            "--json", "--list", "--no-decode",
+            "--set", f"data.train=[{{path: {os.path.abspath(data)}/train.jsonl}}]"]
+    for o in overrides:
+        args += ["--set", o]
+    report = json.loads(subprocess.check_output(args, stderr=subprocess.DEVNULL))
+    out = {}
+    for m in report["micro_batch_list"]:
+        row = m["row_length"]
+        lengths = []
+        for pack in m["sample_tokens"]:
+            lengths += pack
+            if sum(pack) < row:
+                lengths.append(row - sum(pack))
+        out.setdefault(m["step"], []).append(
+            (m["packs"] * row, m["crops"], m["supervised_tokens"], lengths, m["packs"]))
+    return out
+
+
+def add_planned_segments(steps, vlmtrain, data, overrides):
+    planned = planned_segments(vlmtrain, data, overrides, len(steps))
+    for k, step in enumerate(steps):
+        for micro, plan in zip(step["micro_batches"], planned.get(k, [])):
+            tokens, crops, supervised, lengths, rows = plan
+            if (tokens, crops, supervised) != (micro["tokens"], micro["crops"],
+                                               micro["supervised"]):
+                raise SystemExit(f"the planner's micro-batch {plan[:3]} is not the trace's "
+                                 f"{micro} (step {step['step']})")
+            micro["segments"] = len(lengths)
+            micro["rows"] = rows
+            micro["segment_lengths"] = lengths
+
+
 def main():
     result = {}
-    for folder in sys.argv[1:]:
+    argv = sys.argv[1:]
+    plan = None
+    if argv[:1] == ["--plan"]:
+        plan, argv = argv[1:3], argv[3:]
+    for folder in argv:
         report = json.load(open(os.path.join(folder, "report.json")))
         for name, overrides in traced_runs(report):
             path = os.path.join(folder, name + ".trace.xz")
             if not os.path.exists(path):
                 continue
             preset = next(o.split("=", 1)[1] for o in overrides if o.startswith("model.preset="))
+            steps = shapes(path, preset)
+            if plan and any(m["segments"] is None for st in steps for m in st["micro_batches"]):
+                add_planned_segments(steps, plan[0], plan[1], overrides)
             result[os.path.basename(os.path.normpath(folder)) + "/" + name] = {
                 "overrides": [o for o in overrides
                               if o.startswith(("model.", "train.", "data.max_img_size", "packing.",
                                              "memory.simulate_device_bytes")) and
                               not o.startswith(("model.tokenizer", "model.vision_weights",
                                                 "model.language_weights"))],
-                "steps": shapes(path, preset)}
+                "steps": steps}
     json.dump(result, sys.stdout, indent=1, sort_keys=True)
     print()
 

@@ -105,4 +105,12 @@ int64_t foreach_norm_partials_bytes(int64_t tensors, int64_t largest_elements) {
   return 4 * tensors * ceil_div(largest_elements, 65536);
 }
 
+int64_t efficient_lse_bytes(int64_t batch, int64_t heads, int64_t length) {
+  return batch * heads * round_up(length, 32) * 4;
+}
+
+int64_t efficient_backward_workspace_bytes(int64_t batch, int64_t heads, int64_t length) {
+  return batch * heads * ceil_div(length, 64) * (64 * 64 * 4 + 16);
+}
+
 }  // namespace vlm::memory::cuda

@@ -69,6 +69,15 @@ int64_t flash_dq_accum_bytes(int64_t batch, int64_t length, int64_t heads, int64
 inline constexpr int64_t kFlashRngStateBytes = 16;
 inline constexpr int64_t kFlashRngPlaceholderBytes = 8;
 
+// Memory-efficient attention (aten/src/ATen/native/transformers/cuda/attention.cu,
+// attention_backward.cu, mem_eff_attention/kernel_backward.h; scaled_dot_product_attention in
+// fp32) on B sequences of L, H heads: the forward keeps its log-sum-exp [B, H, round32(L)] fp32
+// (kAlignLSE); the backward takes a workspace of B * H * ceil(L / 64) * 16,400 bytes (per block
+// of 64 queries the fp32 gradient accumulator of 64 x 64 and a 16-byte counter: head_dim up to
+// 64, the traces' 32 and 64).
+int64_t efficient_lse_bytes(int64_t batch, int64_t heads, int64_t length);
+int64_t efficient_backward_workspace_bytes(int64_t batch, int64_t heads, int64_t length);
+
 // _foreach_norm's per-chunk partial norms (aten/src/ATen/native/cuda/ForeachReduceOp.cu):
 // one fp32 per tensor and 65,536-element chunk of the largest tensor.
 int64_t foreach_norm_partials_bytes(int64_t tensors, int64_t largest_elements);

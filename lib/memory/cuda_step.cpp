@@ -15,7 +15,13 @@ namespace vlm::memory::cuda {
 std::string unmodelled(const MemorySpec& spec) {
   const auto& l = spec.dims.language;
   if (spec.precision != ComputePrecision::kBf16) {
-    return "fp32 training on CUDA (the decoder's grouped attention there) is not replayed yet";
+    if (spec.levers.checkpoint_vision || spec.levers.checkpoint_language ||
+        spec.levers.vision_chunk_crops > 0 || spec.levers.loss_chunk_tokens > 0) {
+      return "fp32 training on CUDA with checkpointing or chunks is not replayed yet";
+    }
+    if (!spec.vision.trainable || !spec.projector.trainable || !spec.language.trainable) {
+      return "fp32 training on CUDA with a frozen module is not replayed yet";
+    }
   }
   if (!spec.language.trainable) {
     if (spec.language.parameter_bytes != 2) {
@@ -62,6 +68,7 @@ StepStream::Impl::Impl(StepStream& stream) : s(stream) {
   freeze_v = !s.spec_.vision.trainable;
   freeze_l = !s.spec_.language.trainable;  // in bf16 storage (unmodelled says so)
   es = freeze_l ? 2 : 4;
+  f32 = s.spec_.precision != ComputePrecision::kBf16;
   frozen_bf16 = freeze_v && s.spec_.vision.parameter_bytes == 2;
 }
 
@@ -110,6 +117,7 @@ void StepStream::Impl::new_bounds(bool backward) {
 // --- one micro-step ---------------------------------------------------------------------
 void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   N = mb.tokens, S = mb.segments, L = mb.supervised, n = mb.crops, nP = n * P;
+  rows = mb.rows, segment_lengths = mb.segment_lengths;
   const bool images = n > 0;  // a text-only micro-batch skips the image path entirely
   // The batch on the device (int32 copies converted to int64), the crops.
   Id ids = -1, pos = -1, lab = -1;
@@ -139,8 +147,8 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
       for (const VitChunk& c : chunks) F({c.mp_out});
     }
     // index_copy keeps its source for the backward: the embeddings as the stream's type.
-    if (freeze_l) {
-      source = embeddings, merged = A(N * D * 2);
+    if (freeze_l || f32) {
+      source = embeddings, merged = A(N * D * es);
       F({emb});
     } else {
       source = A(n * Ti * D * 4), merged = A(N * D * 4);
@@ -152,20 +160,25 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   F({posf});
   const Id rcat = A(N * hd * 4), cos = A(N * hd * 4), sin = A(N * hd * 4);
   F({rcat, ang});
-  cos_b = A(N * hd * 2), sin_b = A(N * hd * 2);
+  if (f32) {  // used as they are, until the first layer's backward
+    cos_b = cos, sin_b = sin;
+  } else {
+    cos_b = A(N * hd * 2), sin_b = A(N * hd * 2);
+  }
   Id x = merged;
   dec.clear();
   dec_inputs.clear();
   for (int64_t l = 0; l < Ll; ++l) {
     dec_inputs.push_back(x);
-    dec.push_back(freeze_l ? dec_block_frozen(l == 0)
-                  : ckpt_l ? dec_block_checkpointed(l == 0)
-                           : dec_block_grad(false, l == 0));
+    dec.push_back(f32        ? dec_block_fp32()
+                  : freeze_l ? dec_block_frozen(l == 0)
+                  : ckpt_l   ? dec_block_checkpointed(l == 0)
+                             : dec_block_grad(false, l == 0));
     x = dec.back().out;
   }
   // The final norm and the loss (model/token_loss.cpp) on the supervised rows.
   const Id nf = A(N * D * es), nfr = A(N * 4);
-  F({sin, cos});
+  if (!f32) F({sin, cos});
   loss_forward(nf);
   for (const Id c : cache) F({c});
   // The backward: the loss and the tied head, then the final norm.
@@ -179,7 +192,9 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   for (int64_t l = Ll; l-- > 0;) {
     std::vector<Id> keep;
     const size_t li = static_cast<size_t>(l);
-    if (freeze_l) {
+    if (f32) {
+      dec_block_backward_fp32(dec[li], dec_inputs[li], l == 0);
+    } else if (freeze_l) {
       dec_block_backward_frozen(dec[li], dec_inputs[li], l == 0);
     } else if (ckpt_l) {
       const DecBlock recomputed = dec_block_grad(true, l == Ll - 1);
@@ -195,7 +210,11 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   // text-only micro-batch hands the residual gradient to the embedding as it is; a frozen
   // decoder's embedding takes none).
   const Id gtok = freeze_l ? kNone : images ? A(N * D * 4) : G;
-  if (images) image_backward(G, source, mp_w, mp_x);
+  if (images && f32) {
+    image_backward_fp32(G, source);
+  } else if (images) {
+    image_backward(G, source, mp_w, mp_x);
+  }
   if (!freeze_l) embedding_backward(gtok);
   F({lo.seed});
   // The end of the micro-step (train/step_runner.cpp): the loss summed on the device.
@@ -412,8 +431,13 @@ std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
                          static_cast<double>(b.crops)) > kMaxModelledBytes) {
       return std::nullopt;
     }
-    const MicroBatchShape m{b.rows * b.row_tokens, b.segments, b.supervised_tokens, b.crops};
+    const MicroBatchShape m{b.rows * b.row_tokens, b.segments, b.supervised_tokens, b.crops, b.rows,
+                            b.segment_lengths};
     if (m.supervised <= 0) return std::nullopt;
+    // fp32's grouped attention needs every segment's length.
+    if (spec.precision != ComputePrecision::kBf16 && m.segment_lengths.empty()) {
+      return std::nullopt;
+    }
     // With the decoder frozen a text-only micro-batch's loss reaches no trained parameter: no
     // backward runs (train/step_runner.cpp), which the walk does not follow.
     if (!spec.language.trainable && m.crops == 0) return std::nullopt;

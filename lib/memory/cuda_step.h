@@ -26,6 +26,10 @@ struct MicroBatchShape {
   int64_t segments = 0;
   int64_t supervised = 0;
   int64_t crops = 0;
+  // fp32 only (the decoder's grouped attention groups the segments by length): the rows and
+  // every segment's length, row by row (memory::BatchShape::segment_lengths).
+  int64_t rows = 1;
+  std::vector<int64_t> segment_lengths;
 };
 
 // A request (bytes > 0) or the free of request `id` (bytes == 0).

@@ -1,6 +1,8 @@
 // The decoder of the CUDA step replay (memory/cuda_step_walk.h): its blocks forward and
 // checkpointed (fused q/k/v and gate/up GEMMs, RoPE, varlen FlashAttention, fused RMSNorm),
 // their backward, and the embedding's backward with the tied head's gradient.
+#include <algorithm>
+
 #include "memory/cuda_step_walk.h"
 
 namespace vlm::memory::cuda {
@@ -227,11 +229,14 @@ void StepStream::Impl::embedding_backward(Id gtok) {
     const Id segoff = A(N * 8), nseg = A(8), t1 = A(N * 8);
     const Id cub2 = A(kEmbeddingCubScratchBytes);
     F({cub2, t1});
-    const Id pps = A(N * 8), ppso = A(N * 8);
+    // At most min(N, V) segments (distinct rows), each split into partial segments of up to
+    // 10 indices (NROWS_PER_THREAD).
+    const int64_t segments = std::min(N, V);
+    const Id pps = A(segments * 8), ppso = A(segments * 8);
     const Id cub3 = A(kEmbeddingCubScratchBytes);
     F({cub3});
     const Id npseg = A(8);
-    const int64_t partial_segments = N / 10 + N;
+    const int64_t partial_segments = N / 10 + segments;
     const Id pso = A(partial_segments * 8), gwps = A(partial_segments * D * 4);
     F({gwps, pso, npseg, ppso, pps, nseg, segoff, orig, sorted});
   } else {

@@ -20,6 +20,12 @@ void StepStream::Impl::loss_forward(Id nf) {
   F({count_cast});
   F({hsum});
   const int64_t chunk = s.spec_.levers.loss_chunk_tokens;
+  if (f32) {  // no casts: the logits are fp32 from the GEMM, which keeps the rows
+    const Id logits = A(L * V * 4);
+    lo.lsm = A(L * V * 4), lo.loss = A(4), lo.tw = A(4);
+    F({logits, zero, lo.ne, nf, count});
+    return;
+  }
   if (chunk <= 0 || L <= chunk) {
     // summed_cross_entropy under autograd: the head's cast and the rows' are kept by the GEMM
     // (a frozen bf16 head casts nothing, and its GEMM keeps no input), log_softmax keeps its
@@ -59,6 +65,15 @@ Id StepStream::Impl::loss_backward() {
     F({gmul, lo.tgt, lo.tw});
     const Id glsm = A(L * V * 4);
     F({gnll, lo.lsm});
+    if (f32) {
+      lo.head_grad = A(V * D * 4);
+      gemm_workspace(true, false);
+      const Id drows = A(L * D * 4);
+      F({glsm, lo.rows});
+      const Id gh = A(N * D * 4);
+      F({drows});
+      return gh;
+    }
     const Id glg16 = A(L * V * 2);
     F({glsm});
     if (freeze_l) {  // the rows' gradient alone, in the stream's type

@@ -108,6 +108,10 @@ Id StepStream::Impl::vit_block_frozen(Id x) {
 // The ViT to its final LayerNorm's output; the casts autocast caches are returned.
 std::vector<Id> StepStream::Impl::vit_forward() {
   std::vector<Id> cache;
+  if (f32) {
+    vit_forward_fp32();
+    return cache;
+  }
   if (freeze_v) {
     Id crops16 = -1, x = -1;
     if (frozen_bf16) {

@@ -10,6 +10,7 @@
 
 #include "memory/cuda_step.h"
 #include "memory/parameter_tensors.h"
+#include "spec/attention_groups.h"
 
 namespace vlm::memory::cuda {
 namespace detail {
@@ -30,6 +31,13 @@ struct DecBlock {
      v = -1, o = -1, lse = -1, r16 = -1, r8 = -1, o_w = -1, o_out = -1, h = -1, n2 = -1, n2r = -1,
      gu_cat = -1, gu_w = -1, gu_x = -1, gu = -1, silu = -1, mul = -1, d_w = -1, d_out = -1,
      out = -1;
+  // fp32's grouped attention: per group what its backward reads, and the inverse index.
+  struct Group {
+    spec::GroupShape shape;
+    Id gather = -1, q = -1, k = -1, v = -1, out = -1, lse = -1, keep = -1;
+  };
+  std::vector<Group> groups;
+  Id inverse = -1;
 };
 
 }  // namespace detail
@@ -43,10 +51,11 @@ struct StepStream::Impl {
   StepStream& s;
   // Dimensions (spec/model_spec.h): ViT, projector, decoder.
   int64_t img, patch, d, vl, h, m, ps, D, Ll, Hq, Hkv, hd, Fm, V, P, K, Ti, Pq;
-  bool ckpt_v, ckpt_l, freeze_v, frozen_bf16, freeze_l;
+  bool ckpt_v, ckpt_l, freeze_v, frozen_bf16, freeze_l, f32;
   int64_t es;  // the decoder's stream element: 4 (fp32), 2 with the decoder frozen in bf16
   // The micro-batch.
-  int64_t N = 0, S = 0, L = 0, n = 0, nP = 0;
+  int64_t N = 0, S = 0, L = 0, n = 0, nP = 0, rows = 1;
+  std::vector<int64_t> segment_lengths;  // fp32's grouped attention
   int micro = 0;
   Id lsum = -1;
   // Forward state the backward reads.
@@ -189,6 +198,26 @@ struct StepStream::Impl {
   // From the attention output's gradient `dXo`: FlashAttention's varlen backward and RoPE's,
   // to the fused q/k/v gradient (returned); the first layer's frees the rotary tables.
   Id attention_backward(const DecBlock& b, Id dXo, bool frees_tables);
+
+  // --- fp32 (cuda_step_fp32.cpp): no autocast, memory-efficient and grouped attention ---------
+  void vit_forward_fp32();
+  VitBlock vit_block_fp32();
+  // A linear's backward (addmm) after which `released` go: dX (returned), dW, db and the bias
+  // reduction's staging, then the bias's and the weight's AccumulateGrad.
+  Id addmm_backward_fp32(int64_t rows, int64_t in, int64_t out, std::initializer_list<Id> released);
+  // A ViT LayerNorm's backward after which `released` go: its input gradient joins the
+  // residual's in place, then the weight's and bias's AccumulateGrad.
+  void layer_norm_backward_fp32(std::initializer_list<Id> released);
+  void vit_block_backward_fp32(const VitBlock& b, Id xin);
+  // The memory-efficient backward's buffers beyond dq, dk, dv for B sequences of L, H heads.
+  void efficient_backward_buffers(int64_t batch, int64_t heads, int64_t length,
+                                  int64_t output_bytes);
+  void image_backward_fp32(Id G, Id source);
+  DecBlock dec_block_fp32();
+  void rotary_fp32(DecBlock& b);
+  void grouped_attention(DecBlock& b);
+  Id grouped_attention_backward(const DecBlock& b, Id dXo, bool frees_tables);
+  void dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer);
 
   // --- the loss (cuda_step_loss.cpp) ------------------------------------------------------
   // The loss's tensors between its forward and its backward.

@@ -258,8 +258,8 @@ TEST_CASE("with data every recommendation has a throughput, measured on re-plann
 }
 
 TEST_CASE(
-    "LibTorch 2.x: the CUDA step replay covers 2.11 on the catalog's flash GPUs in bf16, the "
-    "CPU replay 2.x in fp32, other versions stay outside, 1.13 inside") {
+    "LibTorch 2.x: the CUDA step replay covers 2.11 on the catalog's flash GPUs (bf16 and fp32), "
+    "the CPU replay 2.x in fp32, other versions stay outside, 1.13 inside") {
   Config config = load_config(VLM_SOURCE_DIR "/configs/demo.yaml").config;
   config.train.precision = "bf16";
   const memory::MemorySpec spec = memory::run_spec(config, true);
@@ -286,6 +286,10 @@ TEST_CASE(
   CHECK(estimate::unmodelled_target(memory::run_spec(config, false), cpu).find("bf16 products") !=
         std::string::npos);
   config.model.freeze_vision = false;
+  // fp32 on CUDA: memory-efficient and grouped attention, replayed; with checkpointing not yet.
+  CHECK(estimate::unmodelled_target(memory::run_spec(config, true), on("H100-80GB", {2, 11}))
+            .empty());
+  config.model.checkpoint_vision = true;
   CHECK(estimate::unmodelled_target(memory::run_spec(config, true), on("H100-80GB", {2, 11}))
             .find("fp32") != std::string::npos);
 }

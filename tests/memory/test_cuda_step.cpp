@@ -77,6 +77,21 @@ Lifetimes generated_lifetimes(const std::vector<memory::cuda::Request>& requests
   return out;
 }
 
+// A recorded micro-batch (scripts/trace_shapes.py): its tokens, segments, supervised tokens and
+// crops; for fp32 also its rows and segment lengths (from the planner).
+memory::cuda::MicroBatchShape micro_of(const nlohmann::json& m) {
+  memory::cuda::MicroBatchShape s;
+  s.tokens = m.at("tokens").get<int64_t>();
+  s.segments = m.at("segments").is_null() ? 0 : m.at("segments").get<int64_t>();
+  s.supervised = m.at("supervised").get<int64_t>();
+  s.crops = m.at("crops").get<int64_t>();
+  if (m.contains("segment_lengths")) {
+    s.rows = m.at("rows").get<int64_t>();
+    s.segment_lengths = m.at("segment_lengths").get<std::vector<int64_t>>();
+  }
+  return s;
+}
+
 Config run_config(const nlohmann::json& run) {
   const std::vector<std::string> overrides = run.at("overrides").get<std::vector<std::string>>();
   bool tiny = false;
@@ -115,21 +130,14 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
       // Its micro-batch is not in the trace; the first step's stands in for it (what the first
       // step's requests depend on is which gradients and workspaces exist, not their shapes).
       if (config.train.preflight) {
-        std::vector<memory::cuda::MicroBatchShape> first;
-        const auto& m = run.at("steps")[0].at("micro_batches")[0];
-        first.push_back({m.at("tokens").get<int64_t>(), m.at("segments").get<int64_t>(),
-                         m.at("supervised").get<int64_t>(), m.at("crops").get<int64_t>()});
-        stream.backward_passes(first);
+        stream.backward_passes({micro_of(run.at("steps")[0].at("micro_batches")[0])});
       } else {
         CHECK(states.allocated == trace.steps.front().allocated_at_start);
       }
       for (size_t k = 0; k < trace.steps.size(); ++k) {
         const memory::RecordedStep& recorded = trace.steps[k];
         std::vector<memory::cuda::MicroBatchShape> micro;
-        for (const auto& m : run.at("steps")[k].at("micro_batches")) {
-          micro.push_back({m.at("tokens").get<int64_t>(), m.at("segments").get<int64_t>(),
-                           m.at("supervised").get<int64_t>(), m.at("crops").get<int64_t>()});
-        }
+        for (const auto& m : run.at("steps")[k].at("micro_batches")) micro.push_back(micro_of(m));
         const size_t from = stream.requests().size();
         stream.step(micro);
         const size_t to = stream.requests().size();
@@ -190,9 +198,10 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
         std::vector<memory::BatchShape> shapes;
         for (const auto& m : micro) {
           memory::BatchShape b;
-          b.rows = 1;
-          b.row_tokens = m.tokens;
+          b.rows = m.rows;
+          b.row_tokens = m.tokens / m.rows;
           b.segments = m.segments;
+          b.segment_lengths = m.segment_lengths;
           b.supervised_tokens = m.supervised;
           b.crops = m.crops;
           shapes.push_back(b);

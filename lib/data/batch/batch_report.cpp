@@ -53,6 +53,7 @@ nlohmann::json MicroBatchStats::to_json() const {
           {"packs", packs},
           {"samples", samples},
           {"samples_per_pack", samples_per_pack},
+          {"sample_tokens", sample_tokens},
           {"tokens", tokens},
           {"row_length", row_length},
           {"padding_tokens", padding_tokens},
@@ -79,6 +80,8 @@ void BatchReport::add_step(int64_t step, const StepPlan& plan) {
       s.packs = static_cast<int64_t>(mb.packs.size());
       for (const Pack& p : mb.packs) {
         s.samples_per_pack.push_back(static_cast<int64_t>(p.items.size()));
+        auto& lengths = s.sample_tokens.emplace_back();
+        for (const PackItem& item : p.items) lengths.push_back(item.tokens);
         s.samples += static_cast<int64_t>(p.items.size());
         s.tokens += p.tokens;
         s.images += p.images;

@@ -20,6 +20,7 @@ struct MicroBatchStats {
   int64_t packs = 0;
   int64_t samples = 0;
   std::vector<int64_t> samples_per_pack;
+  std::vector<std::vector<int64_t>> sample_tokens;  // per pack, each sample's tokens in order
   int64_t tokens = 0;          // sample tokens
   int64_t row_length = 0;      // collated row length (longest pack, rounded up to 8)
   int64_t padding_tokens = 0;  // packs * row_length - tokens

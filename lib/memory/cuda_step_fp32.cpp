@@ -1,0 +1,311 @@
+// The fp32 path of the CUDA step replay (memory/cuda_step_walk.h): no autocast, so no casts and
+// every activation fp32; scaled_dot_product_attention runs the memory-efficient kernel, and the
+// decoder's packed attention is the grouped path (model/packed_attention.cpp grouped_attention:
+// the segments in groups of similar length, spec/attention_groups.h). Each parameter's gradient
+// reaches its AccumulateGrad straight from the node that computes it.
+#include "memory/cuda_step_walk.h"
+#include "spec/attention_groups.h"
+
+namespace vlm::memory::cuda {
+
+// --- the image path -----------------------------------------------------------------------
+// The patch embedding (addmm over the unfolded patches, kept for the weight's gradient), the
+// blocks, the final LayerNorm and the projector (pixel shuffle kept for its weight's gradient).
+void StepStream::Impl::vit_forward_fp32() {
+  chunks.clear();
+  VitChunk c;
+  c.crops = n;
+  c.pe_x = A(nP * K * 4);  // the patches
+  const Id pe_out = A(nP * d * 4);
+  gemm_workspace(false, true);
+  c.x_v0 = A(nP * d * 4);  // + the positions
+  F({pe_out});
+  for (int64_t l = 0; l < vl; ++l) c.blocks.push_back(vit_block_fp32());
+  c.lnf = A(nP * d * 4), c.lnfm = A(nP * 4), c.lnfr = A(nP * 4);
+  c.vit_last = c.blocks.empty() ? c.x_v0 : c.blocks.back().out;
+  c.mp_w = kNone, c.mp_x = A(nP * d * 4);  // the shuffled rows
+  c.mp_out = A(n * Ti * D * 4);
+  F({c.lnf});
+  chunks.push_back(std::move(c));
+}
+
+VitBlock StepStream::Impl::vit_block_fp32() {
+  VitBlock b;
+  b.ln1 = A(nP * d * 4), b.ln1m = A(nP * 4), b.ln1r = A(nP * 4);
+  b.qkv = A(nP * 3 * d * 4);
+  b.att = A(nP * d * 4), b.lse = A(efficient_lse_bytes(n, h, P));
+  b.o_out = A(nP * d * 4);
+  b.h = A(nP * d * 4);
+  F({b.o_out});
+  b.ln2 = A(nP * d * 4), b.ln2m = A(nP * 4), b.ln2r = A(nP * 4);
+  b.fc1 = A(nP * m * 4), b.gelu = A(nP * m * 4);
+  b.fc2_out = A(nP * d * 4);
+  b.out = A(nP * d * 4);
+  F({b.fc2_out});
+  return b;
+}
+
+// A linear's backward (addmm): the input's gradient, the weight's, the bias's (a reduction),
+// then the bias's and the weight's AccumulateGrad.
+Id StepStream::Impl::addmm_backward_fp32(int64_t rows, int64_t in, int64_t out,
+                                         std::initializer_list<Id> released) {
+  const Id dx = A(rows * in * 4), dw = A(out * in * 4), db = A(out * 4);
+  const ReduceStaging staging = reduce_staging(s.gpu_, out, rows, 4, false);
+  if (staging.staging > 0) {
+    const Id st = A(staging.staging), sem = A(staging.semaphores);
+    F({sem, st});
+  }
+  F(released);
+  acc_image(db);
+  acc_image(dw);
+  return dx;
+}
+
+// A LayerNorm's backward: the input's gradient added in place into the residual's, then the
+// weight's and the bias's AccumulateGrad.
+void StepStream::Impl::layer_norm_backward_fp32(std::initializer_list<Id> released) {
+  const Id dn = A(nP * d * 4);
+  Id dg = A(d * 4), db = A(d * 4);
+  norm_weight_partials(nP, d, dg, &db);
+  F(released);
+  F({dn});
+  acc_image(dg);
+  acc_image(db);
+}
+
+// One block's backward from the residual gradient, which its norms' gradients join in place.
+void StepStream::Impl::vit_block_backward_fp32(const VitBlock& b, Id xin) {
+  const Id fc2_dx = addmm_backward_fp32(nP, m, d, {b.gelu});
+  const Id gg = A(nP * m * 4);
+  F({fc2_dx, b.fc1});
+  const Id fc1_dx = addmm_backward_fp32(nP, d, m, {gg, b.ln2});
+  layer_norm_backward_fp32({fc1_dx, b.h, b.ln2m, b.ln2r});
+  const Id o_dx = addmm_backward_fp32(nP, d, d, {});
+  const Id dq = A(nP * d * 4), dk = A(nP * d * 4), dv = A(nP * d * 4);
+  efficient_backward_buffers(n, h, P, nP * d * 4);
+  F({o_dx, b.qkv, b.lse, b.att});  // q, k, v are views of the projection
+  const Id gqkv = A(nP * 3 * d * 4);
+  F({dq, dk, dv});
+  const Id qkv_dx = addmm_backward_fp32(nP, d, 3 * d, {gqkv, b.ln1});
+  layer_norm_backward_fp32({qkv_dx, xin, b.ln1m, b.ln1r});
+}
+
+// The memory-efficient backward's own buffers after dq, dk, dv: delta = (grad_out * out).sum(-1)
+// transposed to [B, H, L] and made contiguous (a copy unless L or H is 1), and the workspace.
+void StepStream::Impl::efficient_backward_buffers(int64_t batch, int64_t heads, int64_t length,
+                                                  int64_t output_bytes) {
+  const Id product = A(output_bytes), delta = A(batch * heads * length * 4);
+  Id contiguous = delta;
+  if (length > 1 && heads > 1) {
+    contiguous = A(batch * heads * length * 4);
+    F({delta});
+  }
+  F({product});
+  const Id workspace = A(efficient_backward_workspace_bytes(batch, heads, length));
+  F({contiguous, workspace});
+}
+
+// From the residual gradient at the LM input through the projector, the ViT and the patch
+// embedding (index_copy's saved source is the projection itself).
+void StepStream::Impl::image_backward_fp32(Id G, Id source) {
+  const VitChunk& c = chunks.front();
+  const Id gimg = A(n * Ti * D * 4);
+  F({G, source});
+  const Id dWp = A(D * d * ps * ps * 4), dXp = A(nP * d * 4);
+  F({gimg, c.mp_x});
+  acc_image(dWp);
+  const Id gps = A(nP * d * 4);  // the pixel shuffle's gradient (a copy)
+  F({dXp});
+  const Id RV = A(nP * d * 4);
+  Id lnf_dg = A(d * 4), lnf_db = A(d * 4);
+  norm_weight_partials(nP, d, lnf_dg, &lnf_db);
+  F({gps, c.vit_last, c.lnfm, c.lnfr});
+  acc_image(lnf_dg);
+  acc_image(lnf_db);
+  for (int64_t l = vl; l-- > 0;) {
+    const size_t li = static_cast<size_t>(l);
+    vit_block_backward_fp32(c.blocks[li], l == 0 ? c.x_v0 : c.blocks[li - 1].out);
+  }
+  // The positions' gradient (AddBackward0: the sum over the crops, to its AccumulateGrad; with
+  // one crop a view of the residual gradient, which AccumulateGrad clones to keep it as the
+  // .grad), then the patch embedding's weight and bias.
+  if (n > 1) {
+    acc_image(A(P * d * 4));
+  } else if (!s.image_grads_) {
+    A(P * d * 4);
+  }
+  const Id pe_dw = A(d * K * 4), pe_db = A(d * 4);
+  const ReduceStaging staging = reduce_staging(s.gpu_, d, nP, 4, false);
+  if (staging.staging > 0) {
+    const Id st = A(staging.staging), sem = A(staging.semaphores);
+    F({sem, st});
+  }
+  F({RV, c.pe_x});
+  acc_image(pe_db);
+  acc_image(pe_dw);
+}
+
+// --- the decoder --------------------------------------------------------------------------
+DecBlock StepStream::Impl::dec_block_fp32() {
+  DecBlock b;
+  b.n1 = A(N * D * 4), b.n1r = A(N * 4);
+  b.qkv_cat = A(Pq * D * 4);
+  b.qkv = A(N * Pq * 4);
+  gemm_workspace(false, false);  // a text-only micro-batch's first GEMM
+  rotary_fp32(b);
+  grouped_attention(b);
+  b.o_out = A(N * D * 4);
+  F({b.krot, b.qrot, b.qkv});
+  b.h = A(N * D * 4);
+  F({b.o_out});
+  b.n2 = A(N * D * 4), b.n2r = A(N * 4);
+  b.gu_cat = A(2 * Fm * D * 4);
+  b.gu = A(N * 2 * Fm * 4);
+  b.silu = A(N * Fm * 4), b.mul = A(N * Fm * 4);
+  b.d_out = A(N * D * 4);
+  b.out = A(N * D * 4);
+  F({b.d_out});
+  return b;
+}
+
+// RoPE on q then k in fp32 (the rotated halves as the bf16 path's, at 4 bytes).
+void StepStream::Impl::rotary_fp32(DecBlock& b) {
+  for (const bool q : {true, false}) {
+    const int64_t width = N * (q ? Hq : Hkv) * hd;
+    const Id neg = A(width * 2), cat = A(width * 4);
+    F({neg});
+    const Id m2 = A(width * 4), m1 = A(width * 4);
+    (q ? b.qrot : b.krot) = A(width * 4);
+    F({m1, m2, cat});
+  }
+}
+
+// grouped_attention: keys and values repeated to the query heads (expand + clone; token-major
+// copies of them when the micro-batch has several rows), then per group, longest first, the
+// gather index and the gathers of q, k, v padded to the group's longest, the fused call's
+// output and log-sum-exp, the keep index and the group's rows; the rows joined (from two
+// groups), the inverse index and its gather: the context.
+void StepStream::Impl::grouped_attention(DecBlock& b) {
+  const int64_t hidden = N * D * 4;
+  std::vector<Id> copies;
+  if (Hq != Hkv) {
+    for (int i = 0; i < (rows > 1 ? 4 : 2); ++i) copies.push_back(A(hidden));
+  }
+  std::vector<Id> group_rows;
+  b.groups.clear();
+  for (const spec::GroupShape& g : spec::group_shapes(segment_lengths)) {
+    const int64_t padded = g.segments * g.padded, bytes = padded * D * 4;
+    DecBlock::Group kept;
+    kept.shape = g;
+    kept.gather = A(padded * 8);
+    kept.q = A(bytes), kept.k = A(bytes), kept.v = A(bytes);
+    kept.out = A(bytes), kept.lse = A(efficient_lse_bytes(g.segments, Hq, g.padded));
+    kept.keep = A(g.tokens * 8);
+    group_rows.push_back(A(g.tokens * D * 4));
+    b.groups.push_back(kept);
+  }
+  const Id join = b.groups.size() > 1 ? A(hidden) : kNone;
+  b.inverse = A(N * 8);
+  b.o = A(hidden);  // the context
+  F({join});
+  for (const Id r : group_rows) F({r});
+  for (size_t i = copies.size(); i-- > 0;) F({copies[i]});
+}
+
+// The grouped attention's backward from the context's gradient to the fused q/k/v gradient:
+// the inverse gather's, then per group, last first, the keep gather's (the join's gradient goes
+// with the group processed last), the fused backward, the three gathers' into q's, k's and v's
+// buffers (the first group processed makes them, the others add in place); then the repeats
+// summed back, the views' copies, RoPE's.
+Id StepStream::Impl::grouped_attention_backward(const DecBlock& b, Id dXo, bool frees_tables) {
+  const int64_t hidden = N * D * 4, kv = N * Hkv * hd * 4;
+  const Id gctx = A(hidden);
+  F({dXo, b.inverse});
+  Id buffer[3] = {-1, -1, -1};  // q, k, v
+  for (size_t k = b.groups.size(); k-- > 0;) {
+    const DecBlock::Group& g = b.groups[k];
+    const bool first_processed = k + 1 == b.groups.size();
+    const int64_t bytes = g.shape.segments * g.shape.padded * D * 4;
+    const Id grad_out = A(bytes);
+    if (k == 0) F({gctx});
+    F({g.keep});
+    const Id dq = A(bytes), dk = A(bytes), dv = A(bytes);
+    efficient_backward_buffers(g.shape.segments, Hq, g.shape.padded, bytes);
+    F({grad_out, g.k, g.v, g.q, g.lse, g.out});
+    const Id grads[3] = {dq, dk, dv};
+    for (int i = 0; i < 3; ++i) {
+      const Id scattered = A(hidden);
+      F({grads[i]});
+      if (i == 2) F({g.gather});
+      if (first_processed) {
+        buffer[i] = scattered;
+      } else {
+        F({scattered});
+      }
+    }
+  }
+  Id g_v = buffer[2], g_k = buffer[1];
+  if (Hq != Hkv) {  // ExpandBackward0: v's, then k's
+    g_v = A(kv);
+    F({buffer[2]});
+    g_k = A(kv);
+    F({buffer[1]});
+  }
+  const Id v_view = A(kv);  // ViewBackward0: a copy into v's shape
+  F({g_v});
+  Id g1[2] = {-1, -1};
+  for (const bool q : {false, true}) {  // k, then q
+    const int64_t width = N * (q ? Hq : Hkv) * hd;
+    const bool tables = frees_tables && q;
+    g1[q] = A(width * 4);
+    if (tables) F({cos_b});
+    const Id g2 = A(width * 4);
+    F({q ? buffer[0] : g_k});
+    if (tables) F({sin_b});
+    const Id gn = A(width * 2), gc = A(width * 4);
+    F({g2, gn, gc});
+    if (!q) {  // ViewBackward0 on k's rotated gradient
+      const Id k_view = A(kv);
+      F({g1[0]});
+      g1[0] = k_view;
+    }
+  }
+  const Id gqkv = A(N * Pq * 4);
+  F({g1[1], g1[0], v_view});
+  return gqkv;
+}
+
+void StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer) {
+  const Id dWd = A(Fm * D * 4), dXd = A(N * Fm * 4);
+  gemm_workspace(true, false);
+  F({b.mul});
+  acc(dWd);
+  const Id gup = A(N * Fm * 4), gsilu = A(N * Fm * 4);
+  F({dXd, b.silu});
+  const Id gs = A(N * Fm * 4);
+  F({gsilu, b.gu});
+  const Id ggu = A(N * 2 * Fm * 4);
+  F({gs, gup});
+  const Id dWgu = A(2 * Fm * D * 4), dX2 = A(N * D * 4);
+  F({ggu, b.gu_cat, b.n2});
+  acc(dWgu);
+  const Id dn2 = A(N * D * 4);
+  Id dg2 = A(D * 4);
+  norm_weight_partials(N, D, dg2);
+  F({dX2, b.h, b.n2r, dn2});
+  acc(dg2);
+  const Id dWo = A(D * D * 4), dXo = A(N * D * 4);
+  F({b.o});
+  acc(dWo);
+  const Id gqkv = grouped_attention_backward(b, dXo, first_layer);
+  const Id dWqkv = A(Pq * D * 4), dX1 = A(N * D * 4);
+  F({gqkv, b.qkv_cat, b.n1});
+  acc(dWqkv);
+  const Id dn1 = A(N * D * 4);
+  Id dg1 = A(D * 4);
+  norm_weight_partials(N, D, dg1);
+  F({dX1, xin, b.n1r, dn1});
+  acc(dg1);
+}
+
+}  // namespace vlm::memory::cuda

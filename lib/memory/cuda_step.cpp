@@ -15,9 +15,9 @@ namespace vlm::memory::cuda {
 std::string unmodelled(const MemorySpec& spec) {
   const auto& l = spec.dims.language;
   if (spec.precision != ComputePrecision::kBf16) {
-    if (spec.levers.checkpoint_vision || spec.levers.checkpoint_language ||
-        spec.levers.vision_chunk_crops > 0 || spec.levers.loss_chunk_tokens > 0) {
-      return "fp32 training on CUDA with checkpointing or chunks is not replayed yet";
+    if (spec.levers.vision_chunk_crops > 0 || spec.levers.loss_chunk_tokens > 0) {
+      return "fp32 training on CUDA with model.vision_chunk_crops or model.loss_chunk_tokens is "
+             "not replayed yet";
     }
     if (!spec.vision.trainable || !spec.projector.trainable || !spec.language.trainable) {
       return "fp32 training on CUDA with a frozen module is not replayed yet";
@@ -170,7 +170,7 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   dec_inputs.clear();
   for (int64_t l = 0; l < Ll; ++l) {
     dec_inputs.push_back(x);
-    dec.push_back(f32        ? dec_block_fp32()
+    dec.push_back(f32        ? (ckpt_l ? dec_block_fp32_nograd() : dec_block_fp32(false))
                   : freeze_l ? dec_block_frozen(l == 0)
                   : ckpt_l   ? dec_block_checkpointed(l == 0)
                              : dec_block_grad(false, l == 0));
@@ -192,7 +192,15 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   for (int64_t l = Ll; l-- > 0;) {
     std::vector<Id> keep;
     const size_t li = static_cast<size_t>(l);
-    if (f32) {
+    if (f32 && ckpt_l) {
+      const DecBlock recomputed = dec_block_fp32(true);
+      captured = &keep;
+      const Id next = dec_block_backward_fp32(recomputed, -1, l == 0);
+      captured = nullptr;
+      F({recomputed.out, G, dec_inputs[li]});
+      for (const Id k : keep) acc(k);
+      G = next;
+    } else if (f32) {
       dec_block_backward_fp32(dec[li], dec_inputs[li], l == 0);
     } else if (freeze_l) {
       dec_block_backward_frozen(dec[li], dec_inputs[li], l == 0);

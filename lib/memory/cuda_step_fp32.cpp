@@ -20,7 +20,9 @@ void StepStream::Impl::vit_forward_fp32() {
   gemm_workspace(false, true);
   c.x_v0 = A(nP * d * 4);  // + the positions
   F({pe_out});
-  for (int64_t l = 0; l < vl; ++l) c.blocks.push_back(vit_block_fp32());
+  for (int64_t l = 0; l < vl; ++l) {
+    c.blocks.push_back(ckpt_v ? vit_block_fp32_nograd() : vit_block_fp32(false));
+  }
   c.lnf = A(nP * d * 4), c.lnfm = A(nP * 4), c.lnfr = A(nP * 4);
   c.vit_last = c.blocks.empty() ? c.x_v0 : c.blocks.back().out;
   c.mp_w = kNone, c.mp_x = A(nP * d * 4);  // the shuffled rows
@@ -29,10 +31,11 @@ void StepStream::Impl::vit_forward_fp32() {
   chunks.push_back(std::move(c));
 }
 
-VitBlock StepStream::Impl::vit_block_fp32() {
+VitBlock StepStream::Impl::vit_block_fp32(bool recompute) {
   VitBlock b;
   b.ln1 = A(nP * d * 4), b.ln1m = A(nP * 4), b.ln1r = A(nP * 4);
   b.qkv = A(nP * 3 * d * 4);
+  if (recompute) gemm_workspace(true, true);  // the backward thread's first addmm
   b.att = A(nP * d * 4), b.lse = A(efficient_lse_bytes(n, h, P));
   b.o_out = A(nP * d * 4);
   b.h = A(nP * d * 4);
@@ -43,6 +46,40 @@ VitBlock StepStream::Impl::vit_block_fp32() {
   b.out = A(nP * d * 4);
   F({b.fc2_out});
   return b;
+}
+
+// A checkpointed block's forward without a graph: no log-sum-exp, everything but the output
+// freed as soon as it is used.
+VitBlock StepStream::Impl::vit_block_fp32_nograd() {
+  VitBlock b;
+  b.ln1 = A(nP * d * 4), b.ln1m = A(nP * 4), b.ln1r = A(nP * 4);
+  F({b.ln1m, b.ln1r});
+  b.qkv = A(nP * 3 * d * 4);
+  b.att = A(nP * d * 4);
+  b.o_out = A(nP * d * 4);
+  F({b.att, b.qkv});
+  b.h = A(nP * d * 4);
+  F({b.o_out, b.ln1});
+  b.ln2 = A(nP * d * 4), b.ln2m = A(nP * 4), b.ln2r = A(nP * 4);
+  F({b.ln2m, b.ln2r});
+  b.fc1 = A(nP * m * 4), b.gelu = A(nP * m * 4);
+  b.fc2_out = A(nP * d * 4);
+  F({b.gelu, b.fc1});
+  b.out = A(nP * d * 4);
+  F({b.fc2_out, b.ln2, b.h});
+  return b;
+}
+
+// A parameter's gradient: to its AccumulateGrad, or, in a checkpointed block's recompute,
+// captured by autograd::grad (accumulated once the node has returned).
+void StepStream::Impl::give(Id grad, bool image) {
+  if (captured) {
+    captured->push_back(grad);
+  } else if (image) {
+    acc_image(grad);
+  } else {
+    acc(grad);
+  }
 }
 
 // A linear's backward (addmm): the input's gradient, the weight's, the bias's (a reduction),
@@ -56,30 +93,36 @@ Id StepStream::Impl::addmm_backward_fp32(int64_t rows, int64_t in, int64_t out,
     F({sem, st});
   }
   F(released);
-  acc_image(db);
-  acc_image(dw);
+  give(db, true);
+  give(dw, true);
   return dx;
 }
 
-// A LayerNorm's backward: the input's gradient added in place into the residual's, then the
-// weight's and the bias's AccumulateGrad.
-void StepStream::Impl::layer_norm_backward_fp32(std::initializer_list<Id> released) {
+// A LayerNorm's backward: the input's gradient added in place into the residual's (or, with
+// `out_of_place`, summed with it into a new one, returned: a checkpointed block's outer node
+// holds its output's gradient), then the weight's and the bias's AccumulateGrad.
+Id StepStream::Impl::layer_norm_backward_fp32(std::initializer_list<Id> released,
+                                              bool out_of_place) {
   const Id dn = A(nP * d * 4);
   Id dg = A(d * 4), db = A(d * 4);
   norm_weight_partials(nP, d, dg, &db);
   F(released);
+  const Id sum = out_of_place ? A(nP * d * 4) : -1;
   F({dn});
-  acc_image(dg);
-  acc_image(db);
+  give(dg, true);
+  give(db, true);
+  return sum;
 }
 
-// One block's backward from the residual gradient, which its norms' gradients join in place.
-void StepStream::Impl::vit_block_backward_fp32(const VitBlock& b, Id xin) {
+// One block's backward from the residual gradient, which its norms' gradients join in place;
+// a checkpointed block's (`xin` -1: the recompute's input is the node's) sums the first into a
+// new residual gradient, returned.
+Id StepStream::Impl::vit_block_backward_fp32(const VitBlock& b, Id xin) {
   const Id fc2_dx = addmm_backward_fp32(nP, m, d, {b.gelu});
   const Id gg = A(nP * m * 4);
   F({fc2_dx, b.fc1});
   const Id fc1_dx = addmm_backward_fp32(nP, d, m, {gg, b.ln2});
-  layer_norm_backward_fp32({fc1_dx, b.h, b.ln2m, b.ln2r});
+  const Id R = layer_norm_backward_fp32({fc1_dx, b.h, b.ln2m, b.ln2r}, xin == -1);
   const Id o_dx = addmm_backward_fp32(nP, d, d, {});
   const Id dq = A(nP * d * 4), dk = A(nP * d * 4), dv = A(nP * d * 4);
   efficient_backward_buffers(n, h, P, nP * d * 4);
@@ -87,7 +130,12 @@ void StepStream::Impl::vit_block_backward_fp32(const VitBlock& b, Id xin) {
   const Id gqkv = A(nP * 3 * d * 4);
   F({dq, dk, dv});
   const Id qkv_dx = addmm_backward_fp32(nP, d, 3 * d, {gqkv, b.ln1});
-  layer_norm_backward_fp32({qkv_dx, xin, b.ln1m, b.ln1r});
+  if (xin == -1) {
+    layer_norm_backward_fp32({qkv_dx, b.ln1m, b.ln1r}, false);
+  } else {
+    layer_norm_backward_fp32({qkv_dx, xin, b.ln1m, b.ln1r}, false);
+  }
+  return R;
 }
 
 // The memory-efficient backward's own buffers after dq, dk, dv: delta = (grad_out * out).sum(-1)
@@ -122,9 +170,22 @@ void StepStream::Impl::image_backward_fp32(Id G, Id source) {
   F({gps, c.vit_last, c.lnfm, c.lnfr});
   acc_image(lnf_dg);
   acc_image(lnf_db);
+  Id G_v = RV;
   for (int64_t l = vl; l-- > 0;) {
     const size_t li = static_cast<size_t>(l);
-    vit_block_backward_fp32(c.blocks[li], l == 0 ? c.x_v0 : c.blocks[li - 1].out);
+    const Id xin = l == 0 ? c.x_v0 : c.blocks[li - 1].out;
+    if (!ckpt_v) {
+      vit_block_backward_fp32(c.blocks[li], xin);
+      continue;
+    }
+    const VitBlock recomputed = vit_block_fp32(true);
+    std::vector<Id> keep;
+    captured = &keep;
+    const Id next = vit_block_backward_fp32(recomputed, -1);
+    captured = nullptr;
+    F({recomputed.out, G_v, xin});
+    for (const Id k : keep) acc_image(k);
+    G_v = next;
   }
   // The positions' gradient (AddBackward0: the sum over the crops, to its AccumulateGrad; with
   // one crop a view of the residual gradient, which AccumulateGrad clones to keep it as the
@@ -140,20 +201,20 @@ void StepStream::Impl::image_backward_fp32(Id G, Id source) {
     const Id st = A(staging.staging), sem = A(staging.semaphores);
     F({sem, st});
   }
-  F({RV, c.pe_x});
+  F({G_v, c.pe_x});
   acc_image(pe_db);
   acc_image(pe_dw);
 }
 
 // --- the decoder --------------------------------------------------------------------------
-DecBlock StepStream::Impl::dec_block_fp32() {
+DecBlock StepStream::Impl::dec_block_fp32(bool backward_thread) {
   DecBlock b;
   b.n1 = A(N * D * 4), b.n1r = A(N * 4);
   b.qkv_cat = A(Pq * D * 4);
   b.qkv = A(N * Pq * 4);
-  gemm_workspace(false, false);  // a text-only micro-batch's first GEMM
+  gemm_workspace(backward_thread, false);  // a text-only micro-batch's first GEMM
   rotary_fp32(b);
-  grouped_attention(b);
+  grouped_attention(b, true);
   b.o_out = A(N * D * 4);
   F({b.krot, b.qrot, b.qkv});
   b.h = A(N * D * 4);
@@ -165,6 +226,34 @@ DecBlock StepStream::Impl::dec_block_fp32() {
   b.d_out = A(N * D * 4);
   b.out = A(N * D * 4);
   F({b.d_out});
+  return b;
+}
+
+// A checkpointed block's forward without a graph.
+DecBlock StepStream::Impl::dec_block_fp32_nograd() {
+  DecBlock b;
+  b.n1 = A(N * D * 4), b.n1r = A(N * 4);
+  F({b.n1r});
+  b.qkv_cat = A(Pq * D * 4);
+  b.qkv = A(N * Pq * 4);
+  gemm_workspace(false, false);
+  F({b.qkv_cat});
+  rotary_fp32(b);
+  grouped_attention(b, false);
+  b.o_out = A(N * D * 4);
+  F({b.o, b.krot, b.qrot, b.qkv});
+  b.h = A(N * D * 4);
+  F({b.o_out, b.n1});
+  b.n2 = A(N * D * 4), b.n2r = A(N * 4);
+  F({b.n2r});
+  b.gu_cat = A(2 * Fm * D * 4);
+  b.gu = A(N * 2 * Fm * 4);
+  F({b.gu_cat});
+  b.silu = A(N * Fm * 4), b.mul = A(N * Fm * 4);
+  b.d_out = A(N * D * 4);
+  F({b.mul, b.silu, b.gu});
+  b.out = A(N * D * 4);
+  F({b.d_out, b.n2, b.h});
   return b;
 }
 
@@ -185,7 +274,7 @@ void StepStream::Impl::rotary_fp32(DecBlock& b) {
 // gather index and the gathers of q, k, v padded to the group's longest, the fused call's
 // output and log-sum-exp, the keep index and the group's rows; the rows joined (from two
 // groups), the inverse index and its gather: the context.
-void StepStream::Impl::grouped_attention(DecBlock& b) {
+void StepStream::Impl::grouped_attention(DecBlock& b, bool graph) {
   const int64_t hidden = N * D * 4;
   std::vector<Id> copies;
   if (Hq != Hkv) {
@@ -199,14 +288,23 @@ void StepStream::Impl::grouped_attention(DecBlock& b) {
     kept.shape = g;
     kept.gather = A(padded * 8);
     kept.q = A(bytes), kept.k = A(bytes), kept.v = A(bytes);
+    if (!graph) {  // no log-sum-exp without a graph; the gathers die with the call
+      kept.out = A(bytes);
+      F({kept.v, kept.k, kept.q});
+      kept.keep = A(g.tokens * 8);
+      group_rows.push_back(A(g.tokens * D * 4));
+      F({kept.keep, kept.out, kept.gather});
+      continue;
+    }
     kept.out = A(bytes), kept.lse = A(efficient_lse_bytes(g.segments, Hq, g.padded));
     kept.keep = A(g.tokens * 8);
     group_rows.push_back(A(g.tokens * D * 4));
     b.groups.push_back(kept);
   }
-  const Id join = b.groups.size() > 1 ? A(hidden) : kNone;
+  const Id join = group_rows.size() > 1 ? A(hidden) : kNone;
   b.inverse = A(N * 8);
   b.o = A(hidden);  // the context
+  if (!graph) F({b.inverse});
   F({join});
   for (const Id r : group_rows) F({r});
   for (size_t i = copies.size(); i-- > 0;) F({copies[i]});
@@ -275,11 +373,14 @@ Id StepStream::Impl::grouped_attention_backward(const DecBlock& b, Id dXo, bool 
   return gqkv;
 }
 
-void StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer) {
+// A block's backward (`xin` -1: a checkpointed block's recompute, whose norm gradients sum into
+// a new residual gradient, returned, and whose parameters' gradients are captured).
+Id StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer) {
+  const bool ckpt = xin == -1;
   const Id dWd = A(Fm * D * 4), dXd = A(N * Fm * 4);
   gemm_workspace(true, false);
   F({b.mul});
-  acc(dWd);
+  give(dWd, false);
   const Id gup = A(N * Fm * 4), gsilu = A(N * Fm * 4);
   F({dXd, b.silu});
   const Id gs = A(N * Fm * 4);
@@ -288,24 +389,31 @@ void StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id xin, bool f
   F({gs, gup});
   const Id dWgu = A(2 * Fm * D * 4), dX2 = A(N * D * 4);
   F({ggu, b.gu_cat, b.n2});
-  acc(dWgu);
+  give(dWgu, false);
   const Id dn2 = A(N * D * 4);
   Id dg2 = A(D * 4);
   norm_weight_partials(N, D, dg2);
-  F({dX2, b.h, b.n2r, dn2});
-  acc(dg2);
+  F({dX2, b.h, b.n2r});
+  const Id R = ckpt ? A(N * D * 4) : -1;
+  F({dn2});
+  give(dg2, false);
   const Id dWo = A(D * D * 4), dXo = A(N * D * 4);
   F({b.o});
-  acc(dWo);
-  const Id gqkv = grouped_attention_backward(b, dXo, first_layer);
+  give(dWo, false);
+  const Id gqkv = grouped_attention_backward(b, dXo, first_layer && !ckpt);
   const Id dWqkv = A(Pq * D * 4), dX1 = A(N * D * 4);
   F({gqkv, b.qkv_cat, b.n1});
-  acc(dWqkv);
+  give(dWqkv, false);
   const Id dn1 = A(N * D * 4);
   Id dg1 = A(D * 4);
   norm_weight_partials(N, D, dg1);
-  F({dX1, xin, b.n1r, dn1});
-  acc(dg1);
+  if (ckpt) {
+    F({dX1, b.n1r, dn1});
+  } else {
+    F({dX1, xin, b.n1r, dn1});
+  }
+  give(dg1, false);
+  return R;
 }
 
 }  // namespace vlm::memory::cuda

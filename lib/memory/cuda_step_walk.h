@@ -201,23 +201,29 @@ struct StepStream::Impl {
 
   // --- fp32 (cuda_step_fp32.cpp): no autocast, memory-efficient and grouped attention ---------
   void vit_forward_fp32();
-  VitBlock vit_block_fp32();
+  VitBlock vit_block_fp32(bool recompute);
+  VitBlock vit_block_fp32_nograd();
+  // A parameter's gradient to its AccumulateGrad, or into `captured` in a checkpointed block's
+  // recompute (accumulated once its node has returned).
+  std::vector<Id>* captured = nullptr;
+  void give(Id grad, bool image);
   // A linear's backward (addmm) after which `released` go: dX (returned), dW, db and the bias
   // reduction's staging, then the bias's and the weight's AccumulateGrad.
   Id addmm_backward_fp32(int64_t rows, int64_t in, int64_t out, std::initializer_list<Id> released);
   // A ViT LayerNorm's backward after which `released` go: its input gradient joins the
   // residual's in place, then the weight's and bias's AccumulateGrad.
-  void layer_norm_backward_fp32(std::initializer_list<Id> released);
-  void vit_block_backward_fp32(const VitBlock& b, Id xin);
+  Id layer_norm_backward_fp32(std::initializer_list<Id> released, bool out_of_place);
+  Id vit_block_backward_fp32(const VitBlock& b, Id xin);
   // The memory-efficient backward's buffers beyond dq, dk, dv for B sequences of L, H heads.
   void efficient_backward_buffers(int64_t batch, int64_t heads, int64_t length,
                                   int64_t output_bytes);
   void image_backward_fp32(Id G, Id source);
-  DecBlock dec_block_fp32();
+  DecBlock dec_block_fp32(bool backward_thread);
+  DecBlock dec_block_fp32_nograd();
   void rotary_fp32(DecBlock& b);
-  void grouped_attention(DecBlock& b);
+  void grouped_attention(DecBlock& b, bool graph);
   Id grouped_attention_backward(const DecBlock& b, Id dXo, bool frees_tables);
-  void dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer);
+  Id dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer);
 
   // --- the loss (cuda_step_loss.cpp) ------------------------------------------------------
   // The loss's tensors between its forward and its backward.

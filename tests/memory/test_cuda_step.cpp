@@ -1,12 +1,14 @@
 // The CUDA step replay (memory/cuda_step.h) against the GPU's own record: for every recorded
-// run on the current code path (bench/gpu/2026-11-28-h100, docs/memory.md "On CUDA") that the
-// replay covers, every step's requests equal the trace's, size for size and free for free, and
-// the caching allocator's model over them gives the step's measured allocated and reserved
-// peaks (the issue's bounds: allocated within 1%, reserved within 3%).
+// run on the current code path (bench/gpu/2026-11-28-h100 and -h200, docs/memory.md "On CUDA")
+// that the replay covers (every one since the fp32 path), every step's requests equal the trace's,
+// size for size and free for free, and the caching allocator's model over them gives the step's
+// measured allocated and reserved peaks (the issue's bounds: allocated within 1%, reserved within
+// 3%).
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -224,6 +226,26 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
         // know, so it is bounded from above only (the allocator frees cached segments before it
         // fails a request: what must fit is the step's own).
         CHECK(predicted->reserved <= recorded.peak_reserved + 3 * recorded.peak_reserved / 100);
+        // VLM_CUDA_STEP_TABLE=1 prints docs/memory.md's two accuracy tables' rows: in sequence
+        // ("seq"), and knowing the step alone ("alone").
+        if (std::getenv("VLM_CUDA_STEP_TABLE")) {
+          const auto pct = [](int64_t got, int64_t want) {
+            return 100.0 * static_cast<double>(got - want) / static_cast<double>(want);
+          };
+          std::printf(
+              "seq | %s | %d | %lld / %lld | %+.3f%% | %lld / %lld | %+.3f%% |\n", name.c_str(),
+              static_cast<int>(recorded.step), static_cast<long long>(peaks.allocated),
+              static_cast<long long>(recorded.peak_allocated),
+              pct(peaks.allocated, recorded.peak_allocated), static_cast<long long>(peaks.reserved),
+              static_cast<long long>(recorded.peak_reserved),
+              pct(peaks.reserved, recorded.peak_reserved));
+          std::printf("alone | %s | %d | %lld | %+.3f%% | %lld / %lld | %+.2f%% |\n", name.c_str(),
+                      static_cast<int>(recorded.step), static_cast<long long>(predicted->allocated),
+                      pct(predicted->allocated, recorded.peak_allocated),
+                      static_cast<long long>(predicted->reserved),
+                      static_cast<long long>(recorded.peak_reserved),
+                      pct(predicted->reserved, recorded.peak_reserved));
+        }
       }
     }
   }

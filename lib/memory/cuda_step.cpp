@@ -13,7 +13,6 @@
 namespace vlm::memory::cuda {
 
 std::string unmodelled(const MemorySpec& spec) {
-  const auto& l = spec.dims.language;
   if (spec.precision != ComputePrecision::kBf16) {
     if (spec.levers.vision_chunk_crops > 0 || spec.levers.loss_chunk_tokens > 0) {
       return "fp32 training on CUDA with model.vision_chunk_crops or model.loss_chunk_tokens is "
@@ -34,7 +33,6 @@ std::string unmodelled(const MemorySpec& spec) {
     }
   }
   if (!spec.projector.trainable) return "a frozen projector on CUDA is not replayed yet";
-  if (!l.tie_embeddings) return "an untied head on CUDA is not replayed yet";
   if (spec.levers.vision_chunk_crops > 0 && !spec.vision.trainable) {
     return "model.vision_chunk_crops with a frozen ViT on CUDA is not replayed yet";
   }
@@ -69,6 +67,7 @@ StepStream::Impl::Impl(StepStream& stream) : s(stream) {
   freeze_l = !s.spec_.language.trainable;  // in bf16 storage (unmodelled says so)
   es = freeze_l ? 2 : 4;
   f32 = s.spec_.precision != ComputePrecision::kBf16;
+  untied = !dims.language.tie_embeddings;
   frozen_bf16 = freeze_v && s.spec_.vision.parameter_bytes == 2;
 }
 

@@ -243,6 +243,10 @@ void StepStream::Impl::embedding_backward(Id gtok) {
     eb_gw = A(V * D * 4);
   }
   F({gtok});
+  if (untied) {
+    acc(eb_gw);
+    return;
+  }
   if (!lo.chunks.empty()) {  // the chunks' sum is the buffer: added in place
     F({eb_gw});
     acc(lo.head_grad);

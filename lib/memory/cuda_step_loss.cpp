@@ -70,6 +70,7 @@ Id StepStream::Impl::loss_backward() {
       gemm_workspace(true, false);
       const Id drows = A(L * D * 4);
       F({glsm, lo.rows});
+      if (untied) acc(lo.head_grad);
       const Id gh = A(N * D * 4);
       F({drows});
       return gh;
@@ -92,6 +93,7 @@ Id StepStream::Impl::loss_backward() {
     F({drows});
     lo.head_grad = A(V * D * 4);
     F({dhw});
+    if (untied) acc(lo.head_grad);  // AccumulateGrad runs as soon as it is ready
     const Id gh = A(N * D * 4);  // index_select's backward
     F({drows32});
     return gh;
@@ -126,6 +128,7 @@ Id StepStream::Impl::loss_backward() {
     F({nll});
     if (place.last()) F({lo.rows});  // the first chunk's view was the rows' last holder
     join(lo.head_grad, dhw32, V * D * 4, place, /*view=*/true);
+    if (untied && place.last()) acc(lo.head_grad);
     const Id zeros = A(L * D * 4);
     F({drows32});
     if (place.first()) {

@@ -52,6 +52,7 @@ struct StepStream::Impl {
   // Dimensions (spec/model_spec.h): ViT, projector, decoder.
   int64_t img, patch, d, vl, h, m, ps, D, Ll, Hq, Hkv, hd, Fm, V, P, K, Ti, Pq;
   bool ckpt_v, ckpt_l, freeze_v, frozen_bf16, freeze_l, f32;
+  bool untied;  // the head's own weight: its gradient to its own AccumulateGrad
   int64_t es;  // the decoder's stream element: 4 (fp32), 2 with the decoder frozen in bf16
   // The micro-batch.
   int64_t N = 0, S = 0, L = 0, n = 0, nP = 0, rows = 1;
@@ -251,7 +252,8 @@ struct StepStream::Impl {
 
   // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
   // gradient: the sort path above 3,072 indices, then joined with the tied head's gradient
-  // (`lo.head_grad`): summed out of place, or, after a chunked loss's sum, added into it.
+  // (`lo.head_grad`): summed out of place, or, after a chunked loss's sum, added into it; an
+  // untied head's went to its own AccumulateGrad.
   void embedding_backward(Id gtok);
 
   // The gradient all-reduce over several ranks (runtime/distributed.cpp all_reduce_gradients):

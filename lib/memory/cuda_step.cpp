@@ -8,6 +8,7 @@
 #include "memory/cuda_step_walk.h"
 #include "memory/magnitude.h"
 #include "memory/parameter_tensors.h"
+#include "spec/attention_groups.h"
 #include "spec/derived.h"
 
 namespace vlm::memory::cuda {
@@ -116,7 +117,8 @@ void StepStream::Impl::new_bounds(bool backward) {
 // --- one micro-step ---------------------------------------------------------------------
 void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
   N = mb.tokens, S = mb.segments, L = mb.supervised, n = mb.crops, nP = n * P;
-  rows = mb.rows, segment_lengths = mb.segment_lengths;
+  rows = mb.rows;
+  if (f32) groups = spec::group_shapes(mb.segment_lengths);
   const bool images = n > 0;  // a text-only micro-batch skips the image path entirely
   // The batch on the device (int32 copies converted to int64), the crops.
   Id ids = -1, pos = -1, lab = -1;

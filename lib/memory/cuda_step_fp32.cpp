@@ -282,7 +282,7 @@ void StepStream::Impl::grouped_attention(DecBlock& b, bool graph) {
   }
   std::vector<Id> group_rows;
   b.groups.clear();
-  for (const spec::GroupShape& g : spec::group_shapes(segment_lengths)) {
+  for (const spec::GroupShape& g : groups) {
     const int64_t padded = g.segments * g.padded, bytes = padded * D * 4;
     DecBlock::Group kept;
     kept.shape = g;

@@ -56,7 +56,7 @@ struct StepStream::Impl {
   int64_t es;  // the decoder's stream element: 4 (fp32), 2 with the decoder frozen in bf16
   // The micro-batch.
   int64_t N = 0, S = 0, L = 0, n = 0, nP = 0, rows = 1;
-  std::vector<int64_t> segment_lengths;  // fp32's grouped attention
+  std::vector<spec::GroupShape> groups;  // fp32's grouped attention (its segments' groups)
   int micro = 0;
   Id lsum = -1;
   // Forward state the backward reads.

@@ -109,7 +109,8 @@ int64_t MicroBatchMemory::predict(const memory::BatchShape& shape) const {
             memory::cuda::replayed_step(spec_, {covered}, kSteadyState, target_, corrections_)) {
       return replayed->device;
     }
-    // A chunked loss is not replayed: the tensor replay's layers below.
+    // Beyond the replay (a text-only micro-batch with the decoder frozen, whose backward does
+    // not run; a shape beyond the model's range): the tensor replay's layers below.
   }
   memory::StepPrediction p = memory::predict_step(spec_, {shape}, kSteadyState);
   if (!p.modelled) {

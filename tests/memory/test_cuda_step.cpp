@@ -269,8 +269,9 @@ int64_t live_bytes(const std::vector<memory::cuda::Request>& requests) {
 }
 
 TEST_CASE(
-    "cuda step replay of an untied head (from the code; no trace yet): the head's weight, its "
-    "gradient kept from the first step and AdamW's moments are what the tied model lacks",
+    "cuda step replay of an untied head, from the code (no trace has one yet): the head's "
+    "weight, its gradient kept from the first step and AdamW's moments are what the tied model "
+    "lacks",
     "[cuda_step]") {
   for (const char* precision : {"bf16", "fp32"}) {
     for (const char* chunk : {"0", "16"}) {

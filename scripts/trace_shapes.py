@@ -109,6 +109,8 @@ def planned_segments(vlmtrain, data, overrides, steps):
     report = json.loads(subprocess.check_output(args, stderr=subprocess.DEVNULL))
     out = {}
     for m in report["micro_batch_list"]:
+        if m["rank"] != 0:  # the traces are rank 0's
+            continue
         row = m["row_length"]
         lengths = []
         for pack in m["sample_tokens"]:
@@ -123,7 +125,10 @@ def planned_segments(vlmtrain, data, overrides, steps):
 def add_planned_segments(steps, vlmtrain, data, overrides):
     planned = planned_segments(vlmtrain, data, overrides, len(steps))
     for k, step in enumerate(steps):
-        for micro, plan in zip(step["micro_batches"], planned.get(k, [])):
+        if len(planned.get(k, [])) != len(step["micro_batches"]):
+            raise SystemExit(f"the planner's step {k} has {len(planned.get(k, []))} micro-batches, "
+                             f"the trace's {len(step['micro_batches'])} (step {step['step']})")
+        for micro, plan in zip(step["micro_batches"], planned[k]):
             tokens, crops, supervised, lengths, rows = plan
             if (tokens, crops, supervised) != (micro["tokens"], micro["crops"],
                                                micro["supervised"]):

@@ -69,7 +69,7 @@ StepStream::Impl::Impl(StepStream& stream) : s(stream) {
   es = freeze_l ? 2 : 4;
   f32 = s.spec_.precision != ComputePrecision::kBf16;
   untied = !dims.language.tie_embeddings;
-  frozen_bf16 = freeze_v && s.spec_.vision.parameter_bytes == 2;
+  vit_frozen_bf16 = freeze_v && s.spec_.vision.parameter_bytes == 2;
 }
 
 void StepStream::Impl::norm_weight_partials(int64_t rows, int64_t features, Id& dg, Id* db) {
@@ -79,17 +79,23 @@ void StepStream::Impl::norm_weight_partials(int64_t rows, int64_t features, Id& 
   const Id db_partials = db ? A(partial_rows * features * 4) : kNone;
   const auto sum_rows = [&](Id& grad) {  // partials.sum(0), assigned over the gradient
     const Id sum = A(features * 4);
-    const ReduceStaging staging = reduce_staging(s.gpu_, features, partial_rows, 4, false);
-    if (staging.staging > 0) {
-      const Id st = A(staging.staging), sem = A(staging.semaphores);
-      F({sem, st});
-    }
+    reduction_staging(features, partial_rows, 4, false);
     F({grad});
     grad = sum;
   };
   sum_rows(dg);
   if (db) sum_rows(*db);
   F({db_partials, dg_partials});  // destroyed in reverse order of declaration
+}
+
+void StepStream::Impl::reduction_staging(int64_t outputs, int64_t inputs_per_output,
+                                         int64_t input_bytes, bool contiguous) {
+  const ReduceStaging r =
+      reduce_staging(s.gpu_, outputs, inputs_per_output, input_bytes, contiguous);
+  if (r.staging > 0) {
+    const Id st = A(r.staging), sem = A(r.semaphores);
+    F({sem, st});
+  }
 }
 
 // cuBLAS's workspaces, at a thread's first GEMM (cuda_kernels.h).
@@ -115,58 +121,71 @@ void StepStream::Impl::new_bounds(bool backward) {
 }
 
 // --- one micro-step ---------------------------------------------------------------------
-void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
+void StepStream::Impl::set_micro_batch(const MicroBatchShape& mb) {
   N = mb.tokens, S = mb.segments, L = mb.supervised, n = mb.crops, nP = n * P;
-  rows = mb.rows;
-  if (f32) groups = spec::group_shapes(mb.segment_lengths);
-  const bool images = n > 0;  // a text-only micro-batch skips the image path entirely
-  // The batch on the device (int32 copies converted to int64), the crops.
-  Id ids = -1, pos = -1, lab = -1;
-  for (Id* t : {&ids, &pos, &lab}) {
-    const Id i32 = A(N * 4);
-    *t = A(N * 8);
-    F({i32});
+  batch_rows = mb.rows;
+  if (freeze_l && n == 0) {
+    throw std::invalid_argument(
+        "cuda::StepStream: a text-only micro-batch with the decoder frozen runs no backward, "
+        "which the walk does not follow");
   }
-  const Id iti = A(n * Ti * 8), sup = A(L * 8), crops = A(n * 3 * img * img * 4);
+  if (f32) {
+    int64_t sum = 0;
+    for (const int64_t len : mb.segment_lengths) sum += len;
+    if (mb.segment_lengths.empty() || sum != N) {
+      throw std::invalid_argument(
+          "cuda::StepStream: fp32's grouped attention needs every segment's length (they sum to "
+          "the micro-batch's tokens)");
+    }
+    groups = spec::group_shapes(mb.segment_lengths);
+  }
+}
+
+// The token embeddings, then with crops the image path and the projector, and index_copy of
+// the image embeddings into the token embeddings: the decoder's input.
+StepStream::Impl::Embedded StepStream::Impl::embed() {
+  Embedded e;
   const Id emb = A(N * D * es);
-  std::vector<Id> cache;
-  Id mp_w = kNone, mp_x = kNone, source = kNone, merged = emb;
-  if (images) {
-    cache = vit_forward();
-    Id embeddings = kNone;
-    if (freeze_v) {
-      // The projector (pixel shuffle, a bias-free linear) after the frozen ViT.
-      const Id shuffled = A(nP * d * 4);
-      mp_w = A(D * d * ps * ps * 2), mp_x = A(nP * d * 2);
-      embeddings = A(n * Ti * D * 2);
-      F({mp_w});  // W.t() is a view: not saved when the input needs no gradient
-      F({shuffled, lnf});
-    } else if (chunks.size() == 1) {
-      embeddings = chunks.front().mp_out;
-    } else {  // the chunks' projections concatenated (torch::cat)
-      embeddings = A(n * Ti * D * 2);
-      for (const VitChunk& c : chunks) F({c.mp_out});
-    }
-    // index_copy keeps its source for the backward: the embeddings as the stream's type.
-    if (freeze_l || f32) {
-      source = embeddings, merged = A(N * D * es);
-      F({emb});
-    } else {
-      source = A(n * Ti * D * 4), merged = A(N * D * 4);
-      F({embeddings, emb});
-    }
+  e.merged = emb;
+  if (n == 0) return e;  // a text-only micro-batch skips the image path entirely
+  e.cache = vit_forward();
+  Id embeddings = kNone;
+  if (freeze_v) {
+    // The projector (pixel shuffle, a bias-free linear) after the frozen ViT.
+    const Id shuffled = A(nP * d * 4);
+    e.mp_w = A(D * d * ps * ps * 2), e.mp_x = A(nP * d * 2);
+    embeddings = A(n * Ti * D * 2);
+    F({e.mp_w});  // W.t() is a view: not saved when the input needs no gradient
+    F({shuffled, lnf});
+  } else if (chunks.size() == 1) {
+    embeddings = chunks.front().mp_out;
+  } else {  // the chunks' projections concatenated (torch::cat)
+    embeddings = A(n * Ti * D * 2);
+    for (const VitChunk& c : chunks) F({c.mp_out});
   }
-  // RoPE tables, and their bf16 casts kept for every layer.
+  // index_copy keeps its source for the backward: the embeddings as the stream's type.
+  if (freeze_l || f32) {
+    e.source = embeddings, e.merged = A(N * D * es);
+    F({emb});
+  } else {
+    e.source = A(n * Ti * D * 4), e.merged = A(N * D * 4);
+    F({embeddings, emb});
+  }
+  return e;
+}
+
+// The RoPE tables (their bf16 casts kept for every layer under autocast), then the blocks.
+Id StepStream::Impl::decoder_forward(Id x) {
   const Id posf = A(N * 4), ang = A(N * hd / 2 * 4);
   F({posf});
-  const Id rcat = A(N * hd * 4), cos = A(N * hd * 4), sin = A(N * hd * 4);
+  const Id rcat = A(N * hd * 4);
+  cos_t = A(N * hd * 4), sin_t = A(N * hd * 4);
   F({rcat, ang});
   if (f32) {  // used as they are, until the first layer's backward
-    cos_b = cos, sin_b = sin;
+    cos_b = cos_t, sin_b = sin_t;
   } else {
     cos_b = A(N * hd * 2), sin_b = A(N * hd * 2);
   }
-  Id x = merged;
   dec.clear();
   dec_inputs.clear();
   for (int64_t l = 0; l < Ll; ++l) {
@@ -177,32 +196,26 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
                              : dec_block_grad(false, l == 0));
     x = dec.back().out;
   }
-  // The final norm and the loss (model/token_loss.cpp) on the supervised rows.
-  const Id nf = A(N * D * es), nfr = A(N * 4);
-  if (!f32) F({sin, cos});
-  loss_forward(nf);
-  for (const Id c : cache) F({c});
-  // The backward: the loss and the tied head, then the final norm.
-  const Id gh = loss_backward();
-  const Id R = A(N * D * es);
-  Id nf_dg = freeze_l ? kNone : A(D * 4);
-  if (!freeze_l) norm_weight_partials(N, D, nf_dg);
-  F({gh, x, nfr});
-  if (!freeze_l) acc(nf_dg);
-  Id G = R;
+  return x;
+}
+
+// The blocks' backward, last first, from the residual gradient at the final norm's input to the
+// one at the decoder's input (returned). A checkpointed block recomputes its forward on the
+// backward thread; its parameters' gradients, captured, are accumulated after its node.
+Id StepStream::Impl::decoder_backward(Id G) {
   for (int64_t l = Ll; l-- > 0;) {
     std::vector<Id> keep;
     const size_t li = static_cast<size_t>(l);
     if (f32 && ckpt_l) {
       const DecBlock recomputed = dec_block_fp32(true);
       captured = &keep;
-      const Id next = dec_block_backward_fp32(recomputed, -1, l == 0);
+      const Id next = dec_block_backward_fp32(recomputed, G, -1, l == 0, true);
       captured = nullptr;
       F({recomputed.out, G, dec_inputs[li]});
       for (const Id k : keep) acc(k);
       G = next;
     } else if (f32) {
-      dec_block_backward_fp32(dec[li], dec_inputs[li], l == 0);
+      G = dec_block_backward_fp32(dec[li], G, dec_inputs[li], l == 0, false);
     } else if (freeze_l) {
       dec_block_backward_frozen(dec[li], dec_inputs[li], l == 0);
     } else if (ckpt_l) {
@@ -215,14 +228,43 @@ void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
       G = dec_block_backward(dec[li], G, dec_inputs[li], l, false, keep);
     }
   }
+  return G;
+}
+
+void StepStream::Impl::micro_step(const MicroBatchShape& mb, bool last_micro) {
+  set_micro_batch(mb);
+  const bool images = n > 0;
+  // The batch on the device (int32 copies converted to int64), the crops.
+  Id ids = -1, pos = -1, lab = -1;
+  for (Id* t : {&ids, &pos, &lab}) {
+    const Id i32 = A(N * 4);
+    *t = A(N * 8);
+    F({i32});
+  }
+  const Id iti = A(n * Ti * 8), sup = A(L * 8), crops = A(n * 3 * img * img * 4);
+  const Embedded e = embed();
+  const Id x = decoder_forward(e.merged);
+  // The final norm and the loss (model/token_loss.cpp) on the supervised rows.
+  const Id nf = A(N * D * es), nfr = A(N * 4);
+  if (!f32) F({sin_t, cos_t});
+  loss_forward(nf);
+  for (const Id c : e.cache) F({c});
+  // The backward: the loss and the head, then the final norm, the blocks.
+  const Id gh = loss_backward();
+  const Id R = A(N * D * es);
+  Id nf_dg = freeze_l ? kNone : A(D * 4);
+  if (!freeze_l) norm_weight_partials(N, D, nf_dg);
+  F({gh, x, nfr});
+  if (!freeze_l) acc(nf_dg);
+  const Id G = decoder_backward(R);
   // index_copy's backward: the token embeddings' and the image embeddings' gradients (a
   // text-only micro-batch hands the residual gradient to the embedding as it is; a frozen
   // decoder's embedding takes none).
   const Id gtok = freeze_l ? kNone : images ? A(N * D * 4) : G;
   if (images && f32) {
-    image_backward_fp32(G, source);
+    image_backward_fp32(G, e.source);
   } else if (images) {
-    image_backward(G, source, mp_w, mp_x);
+    image_backward(G, e.source, e.mp_w, e.mp_x);
   }
   if (!freeze_l) embedding_backward(gtok);
   F({lo.seed});
@@ -454,6 +496,9 @@ std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
     warm_up.push_back(m);
     if (before.image_gradients_pending) warm_up.back().crops = 0;
   }
+  // A frozen decoder has no gradients of its own: until the image path's exist, the steps before
+  // had no backward at all (text only), so the process is as fresh as at its start.
+  if (!spec.language.trainable && before.image_gradients_pending) before = StepState{};
   StepStream stream(spec, gpu);
   stream.model_states();
   if (before.gradients && before.moments) {

@@ -1,10 +1,11 @@
 // A training step on CUDA with LibTorch 2.11, as the caching allocator sees it: every request
 // and free, in order, of the code path the trainer runs there (bf16 autocast: the varlen
 // FlashAttention decoder with its fused projections and RMSNorm, the ViT's flash attention and
-// at::linear, the fused AdamW and multi-tensor clipping). Replayed through the allocator's
-// model (cuda_caching_allocator.h) the stream gives allocated and reserved peaks; the kernels'
-// own buffers are in cuda_kernels.h. Checked request for request against the recorded GPU
-// traces (bench/gpu/2026-11-28-h100, tests/memory/test_cuda_step.cpp). Torch-free.
+// at::linear; fp32: memory-efficient attention and the decoder's grouped attention; the fused
+// AdamW and multi-tensor clipping). Replayed through the allocator's model
+// (cuda_caching_allocator.h) the stream gives allocated and reserved peaks; the kernels' own
+// buffers are in cuda_kernels.h. Checked request for request against the recorded GPU traces
+// (bench/gpu/, tests/memory/test_cuda_step.cpp). Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -38,9 +39,9 @@ struct Request {
   int32_t id = 0;
 };
 
-// What the stream does not cover for `spec` (the first feature), or "": fp32 (the grouped
-// attention path), a chunked ViT, a frozen decoder or projector, an untied head, more than one
-// rank.
+// What the stream does not cover for `spec` (the first feature), or "": a frozen projector; a
+// decoder frozen in fp32 storage, or frozen in bf16 and checkpointed or with the loss in chunks;
+// a ViT chunked while frozen; in fp32 a frozen module or the ViT or the loss in chunks.
 std::string unmodelled(const MemorySpec& spec);
 
 // Builds the stream of a run: the model states, then step after step.
@@ -103,8 +104,9 @@ std::string unmodelled_on(const MemorySpec& spec, const DeviceTarget& target);
 // then the step, through the caching allocator's model. The layers: allocated and reserved as
 // replayed (no calibration of them: the allocator's rules are the replay's), the device figure
 // with the CUDA context and NCCL's buffers. nullopt when unmodelled_on says why, or a
-// micro-batch chunks the loss, has no supervised token or is beyond the model's range
-// (memory/magnitude.h).
+// micro-batch has no supervised token, is beyond the model's range (memory/magnitude.h), has no
+// segment lengths in fp32 (the grouped attention needs them) or has no crops while the decoder
+// is frozen (no backward runs).
 std::optional<DeviceBreakdown> replayed_step(const MemorySpec& spec,
                                              const std::vector<BatchShape>& micro_batches,
                                              StepState before, const DeviceTarget& target,

@@ -87,11 +87,7 @@ void StepStream::Impl::give(Id grad, bool image) {
 Id StepStream::Impl::addmm_backward_fp32(int64_t rows, int64_t in, int64_t out,
                                          std::initializer_list<Id> released) {
   const Id dx = A(rows * in * 4), dw = A(out * in * 4), db = A(out * 4);
-  const ReduceStaging staging = reduce_staging(s.gpu_, out, rows, 4, false);
-  if (staging.staging > 0) {
-    const Id st = A(staging.staging), sem = A(staging.semaphores);
-    F({sem, st});
-  }
+  reduction_staging(out, rows, 4, false);
   F(released);
   give(db, true);
   give(dw, true);
@@ -114,15 +110,15 @@ Id StepStream::Impl::layer_norm_backward_fp32(std::initializer_list<Id> released
   return sum;
 }
 
-// One block's backward from the residual gradient, which its norms' gradients join in place;
-// a checkpointed block's (`xin` -1: the recompute's input is the node's) sums the first into a
-// new residual gradient, returned.
-Id StepStream::Impl::vit_block_backward_fp32(const VitBlock& b, Id xin) {
+// One block's backward from the residual gradient `G`, which its norms' gradients join in
+// place; a checkpointed block's recompute (its input the node's, not freed here) sums the first
+// into a new residual gradient. Returns the residual gradient its input gets.
+Id StepStream::Impl::vit_block_backward_fp32(const VitBlock& b, Id G, Id xin, bool ckpt) {
   const Id fc2_dx = addmm_backward_fp32(nP, m, d, {b.gelu});
   const Id gg = A(nP * m * 4);
   F({fc2_dx, b.fc1});
   const Id fc1_dx = addmm_backward_fp32(nP, d, m, {gg, b.ln2});
-  const Id R = layer_norm_backward_fp32({fc1_dx, b.h, b.ln2m, b.ln2r}, xin == -1);
+  const Id sum = layer_norm_backward_fp32({fc1_dx, b.h, b.ln2m, b.ln2r}, ckpt);
   const Id o_dx = addmm_backward_fp32(nP, d, d, {});
   const Id dq = A(nP * d * 4), dk = A(nP * d * 4), dv = A(nP * d * 4);
   efficient_backward_buffers(n, h, P, nP * d * 4);
@@ -130,12 +126,12 @@ Id StepStream::Impl::vit_block_backward_fp32(const VitBlock& b, Id xin) {
   const Id gqkv = A(nP * 3 * d * 4);
   F({dq, dk, dv});
   const Id qkv_dx = addmm_backward_fp32(nP, d, 3 * d, {gqkv, b.ln1});
-  if (xin == -1) {
+  if (ckpt) {
     layer_norm_backward_fp32({qkv_dx, b.ln1m, b.ln1r}, false);
-  } else {
-    layer_norm_backward_fp32({qkv_dx, xin, b.ln1m, b.ln1r}, false);
+    return sum;
   }
-  return R;
+  layer_norm_backward_fp32({qkv_dx, xin, b.ln1m, b.ln1r}, false);
+  return G;
 }
 
 // The memory-efficient backward's own buffers after dq, dk, dv: delta = (grad_out * out).sum(-1)
@@ -175,13 +171,13 @@ void StepStream::Impl::image_backward_fp32(Id G, Id source) {
     const size_t li = static_cast<size_t>(l);
     const Id xin = l == 0 ? c.x_v0 : c.blocks[li - 1].out;
     if (!ckpt_v) {
-      vit_block_backward_fp32(c.blocks[li], xin);
+      G_v = vit_block_backward_fp32(c.blocks[li], G_v, xin, false);
       continue;
     }
     const VitBlock recomputed = vit_block_fp32(true);
     std::vector<Id> keep;
     captured = &keep;
-    const Id next = vit_block_backward_fp32(recomputed, -1);
+    const Id next = vit_block_backward_fp32(recomputed, G_v, -1, true);
     captured = nullptr;
     F({recomputed.out, G_v, xin});
     for (const Id k : keep) acc_image(k);
@@ -196,11 +192,7 @@ void StepStream::Impl::image_backward_fp32(Id G, Id source) {
     A(P * d * 4);
   }
   const Id pe_dw = A(d * K * 4), pe_db = A(d * 4);
-  const ReduceStaging staging = reduce_staging(s.gpu_, d, nP, 4, false);
-  if (staging.staging > 0) {
-    const Id st = A(staging.staging), sem = A(staging.semaphores);
-    F({sem, st});
-  }
+  reduction_staging(d, nP, 4, false);
   F({G_v, c.pe_x});
   acc_image(pe_db);
   acc_image(pe_dw);
@@ -213,7 +205,7 @@ DecBlock StepStream::Impl::dec_block_fp32(bool backward_thread) {
   b.qkv_cat = A(Pq * D * 4);
   b.qkv = A(N * Pq * 4);
   gemm_workspace(backward_thread, false);  // a text-only micro-batch's first GEMM
-  rotary_fp32(b);
+  rotary(b, 4);
   grouped_attention(b, true);
   b.o_out = A(N * D * 4);
   F({b.krot, b.qrot, b.qkv});
@@ -238,7 +230,7 @@ DecBlock StepStream::Impl::dec_block_fp32_nograd() {
   b.qkv = A(N * Pq * 4);
   gemm_workspace(false, false);
   F({b.qkv_cat});
-  rotary_fp32(b);
+  rotary(b, 4);
   grouped_attention(b, false);
   b.o_out = A(N * D * 4);
   F({b.o, b.krot, b.qrot, b.qkv});
@@ -257,18 +249,6 @@ DecBlock StepStream::Impl::dec_block_fp32_nograd() {
   return b;
 }
 
-// RoPE on q then k in fp32 (the rotated halves as the bf16 path's, at 4 bytes).
-void StepStream::Impl::rotary_fp32(DecBlock& b) {
-  for (const bool q : {true, false}) {
-    const int64_t width = N * (q ? Hq : Hkv) * hd;
-    const Id neg = A(width * 2), cat = A(width * 4);
-    F({neg});
-    const Id m2 = A(width * 4), m1 = A(width * 4);
-    (q ? b.qrot : b.krot) = A(width * 4);
-    F({m1, m2, cat});
-  }
-}
-
 // grouped_attention: keys and values repeated to the query heads (expand + clone; token-major
 // copies of them when the micro-batch has several rows), then per group, longest first, the
 // gather index and the gathers of q, k, v padded to the group's longest, the fused call's
@@ -278,7 +258,7 @@ void StepStream::Impl::grouped_attention(DecBlock& b, bool graph) {
   const int64_t hidden = N * D * 4;
   std::vector<Id> copies;
   if (Hq != Hkv) {
-    for (int i = 0; i < (rows > 1 ? 4 : 2); ++i) copies.push_back(A(hidden));
+    for (int i = 0; i < (batch_rows > 1 ? 4 : 2); ++i) copies.push_back(A(hidden));
   }
   std::vector<Id> group_rows;
   b.groups.clear();
@@ -351,32 +331,20 @@ Id StepStream::Impl::grouped_attention_backward(const DecBlock& b, Id dXo, bool 
   }
   const Id v_view = A(kv);  // ViewBackward0: a copy into v's shape
   F({g_v});
-  Id g1[2] = {-1, -1};
-  for (const bool q : {false, true}) {  // k, then q
-    const int64_t width = N * (q ? Hq : Hkv) * hd;
-    const bool tables = frees_tables && q;
-    g1[q] = A(width * 4);
-    if (tables) F({cos_b});
-    const Id g2 = A(width * 4);
-    F({q ? buffer[0] : g_k});
-    if (tables) F({sin_b});
-    const Id gn = A(width * 2), gc = A(width * 4);
-    F({g2, gn, gc});
-    if (!q) {  // ViewBackward0 on k's rotated gradient
-      const Id k_view = A(kv);
-      F({g1[0]});
-      g1[0] = k_view;
-    }
-  }
+  const Id gk = rotary_backward(g_k, false, false, 4);
+  const Id k_view = A(kv);  // ViewBackward0 on k's rotated gradient: a copy
+  F({gk});
+  const Id gq = rotary_backward(buffer[0], true, frees_tables, 4);
   const Id gqkv = A(N * Pq * 4);
-  F({g1[1], g1[0], v_view});
+  F({gq, k_view, v_view});
   return gqkv;
 }
 
-// A block's backward (`xin` -1: a checkpointed block's recompute, whose norm gradients sum into
-// a new residual gradient, returned, and whose parameters' gradients are captured).
-Id StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer) {
-  const bool ckpt = xin == -1;
+// A block's backward from the residual gradient `G`; as the ViT's (`ckpt`: a checkpointed
+// block's recompute, whose first norm gradient sums into a new residual gradient). Returns the
+// residual gradient its input gets.
+Id StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id G, Id xin, bool first_layer,
+                                             bool ckpt) {
   const Id dWd = A(Fm * D * 4), dXd = A(N * Fm * 4);
   gemm_workspace(true, false);
   F({b.mul});
@@ -394,7 +362,7 @@ Id StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id xin, bool fir
   Id dg2 = A(D * 4);
   norm_weight_partials(N, D, dg2);
   F({dX2, b.h, b.n2r});
-  const Id R = ckpt ? A(N * D * 4) : -1;
+  const Id R = ckpt ? A(N * D * 4) : G;
   F({dn2});
   give(dg2, false);
   const Id dWo = A(D * D * 4), dXo = A(N * D * 4);

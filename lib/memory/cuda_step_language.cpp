@@ -1,6 +1,6 @@
 // The decoder of the CUDA step replay (memory/cuda_step_walk.h): its blocks forward and
 // checkpointed (fused q/k/v and gate/up GEMMs, RoPE, varlen FlashAttention, fused RMSNorm),
-// their backward, and the embedding's backward with the tied head's gradient.
+// their backward, and the embedding's backward (with a tied head's gradient).
 #include <algorithm>
 
 #include "memory/cuda_step_walk.h"
@@ -8,16 +8,31 @@
 namespace vlm::memory::cuda {
 
 // --- the decoder ----------------------------------------------------------------------
-// RoPE on q then k (language_model.cpp apply_rotary): only the rotated tensor stays.
-void StepStream::Impl::rotary(DecBlock& b) {
+// RoPE on q then k (language_model.cpp apply_rotary) in elements of `e` bytes: the negated
+// half, the cat, two products and their sum; only the rotated tensor stays.
+void StepStream::Impl::rotary(DecBlock& b, int64_t e) {
   for (const bool q : {true, false}) {
     const int64_t width = N * (q ? Hq : Hkv) * hd;
-    const Id neg = A(width), cat = A(width * 2);
+    const Id neg = A(width * e / 2), cat = A(width * e);
     F({neg});
-    const Id m2 = A(width * 2), m1 = A(width * 2);
-    (q ? b.qrot : b.krot) = A(width * 2);
+    const Id m2 = A(width * e), m1 = A(width * e);
+    (q ? b.qrot : b.krot) = A(width * e);
     F({m1, m2, cat});
   }
+}
+
+// RoPE's backward on `grad` (q's or k's, freed), in elements of `e` bytes: the rotated input's
+// gradient (returned); `tables`: the first layer's q frees the rotary tables on the way.
+Id StepStream::Impl::rotary_backward(Id grad, bool q, bool tables, int64_t e) {
+  const int64_t width = N * (q ? Hq : Hkv) * hd;
+  const Id g1 = A(width * e);
+  if (tables) F({cos_b});
+  const Id g2 = A(width * e);
+  F({grad});
+  if (tables) F({sin_b});
+  const Id gn = A(width * e / 2), gc = A(width * e);
+  F({g2, gn, gc});
+  return g1;
 }
 
 DecBlock StepStream::Impl::dec_block_grad(bool backward_thread, bool first_layer_of_pass) {
@@ -27,7 +42,7 @@ DecBlock StepStream::Impl::dec_block_grad(bool backward_thread, bool first_layer
   b.qkv = A(N * Pq * 2);
   gemm_workspace(backward_thread, false);  // a no-op once the thread has its workspace
   F({b.qkv_cat});
-  rotary(b);
+  rotary(b, 2);
   if (first_layer_of_pass) new_bounds(backward_thread);
   b.v = A(N * Hkv * hd * 2);
   b.o = A(N * Hq * hd * 2), b.lse = A(Hq * N * 4), b.r16 = A(kFlashRngStateBytes),
@@ -55,7 +70,7 @@ DecBlock StepStream::Impl::dec_block_checkpointed(bool first_layer) {
   b.qkv = A(N * Pq * 2);
   gemm_workspace(false, false);
   F({b.qkv_x, b.qkv_w, b.qkv_cat});
-  rotary(b);
+  rotary(b, 2);
   if (first_layer) new_bounds(false);
   b.v = A(N * Hkv * hd * 2);
   b.o = A(N * Hq * hd * 2), b.lse = A(Hq * N * 4), b.r16 = A(kFlashRngStateBytes),
@@ -89,20 +104,10 @@ Id StepStream::Impl::attention_backward(const DecBlock& b, Id dXo, bool frees_ta
     F({dve, dke});
   }
   F({dqacc, sd, dXo, b.qrot, b.krot, b.v, b.o, b.lse, b.r16, b.r8});
-  Id g1[2] = {-1, -1};
-  for (const bool q : {false, true}) {  // k, then q
-    const int64_t width = N * (q ? Hq : Hkv) * hd;
-    const bool tables = frees_tables && q;  // the first layer's q frees the rotary tables
-    g1[q] = A(width * 2);
-    if (tables) F({cos_b});
-    const Id g2 = A(width * 2);
-    F({q ? dq : dk});
-    if (tables) F({sin_b});
-    const Id gn = A(width), gc = A(width * 2);
-    F({g2, gn, gc});
-  }
+  const Id gk = rotary_backward(dk, false, false, 2);
+  const Id gq = rotary_backward(dq, true, frees_tables, 2);
   const Id gqkv = A(N * Pq * 2);
-  F({g1[1], g1[0], dv});
+  F({gq, gk, dv});
   return gqkv;
 }
 
@@ -174,7 +179,7 @@ DecBlock StepStream::Impl::dec_block_frozen(bool first_layer) {
   b.qkv_cat = A(Pq * D * 2);
   b.qkv = A(N * Pq * 2);
   gemm_workspace(false, false);
-  rotary(b);
+  rotary(b, 2);
   if (first_layer) new_bounds(false);
   b.v = A(N * Hkv * hd * 2);
   b.o = A(N * Hq * hd * 2), b.lse = A(Hq * N * 4), b.r16 = A(kFlashRngStateBytes),
@@ -218,7 +223,7 @@ void StepStream::Impl::dec_block_backward_frozen(const DecBlock& b, Id xin, bool
 }
 
 // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
-// gradient: the sort path above 3,072 indices, then joined with the tied head's gradient.
+// gradient: the sort path above 3,072 indices, then joined with a tied head's gradient.
 void StepStream::Impl::embedding_backward(Id gtok) {
   Id eb_gw = -1;
   if (N > kEmbeddingSortThreshold) {

@@ -1,5 +1,5 @@
 // The loss of the CUDA step replay (memory/cuda_step_walk.h): the supervised rows through the
-// tied head and cross-entropy (model/token_loss.cpp), whole or in checkpointed chunks of
+// head and cross-entropy (model/token_loss.cpp), whole or in checkpointed chunks of
 // model.loss_chunk_tokens, and their backward to the final norm's output.
 #include <algorithm>
 
@@ -11,11 +11,7 @@ void StepStream::Impl::loss_forward(Id nf) {
   lo = Loss{};
   lo.ne = A(N), lo.rows = A(L * D * es), lo.tgt = A(L * 8);
   const Id hsum = A(4);  // hidden.sum(): the zero loss of a batch without supervised tokens
-  const ReduceStaging staging = reduce_staging(s.gpu_, 1, N * D, 4, true);
-  if (staging.staging > 0) {
-    const Id st = A(staging.staging), sem = A(staging.semaphores);
-    F({sem, st});
-  }
+  reduction_staging(1, N * D, 4, true);
   const Id zero = A(4), count = A(8), count_cast = A(N * 8);
   F({count_cast});
   F({hsum});
@@ -99,7 +95,7 @@ Id StepStream::Impl::loss_backward() {
     return gh;
   }
   // The chunks' nodes, the last chunk first: each recomputes its chunk under autograd and runs
-  // its backward; the tied head's gradients join one input buffer (Impl::join; not a view, but
+  // its backward; the head's gradients join one input buffer (Impl::join; not a view, but
   // the second is summed out of place as the ViT's views are), the rows' (narrow's backward:
   // a zeroed [L, D] each) another, added in place.
   Id rows_grad = -1;

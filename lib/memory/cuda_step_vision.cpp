@@ -67,22 +67,22 @@ VitBlock StepStream::Impl::vit_block_checkpointed(bool cast) {
 // input and frees them after the GEMM; bf16 weights: nothing cast but the LayerNorms'
 // parameters and input (autocast's fp32 list), and the residual stream is bf16.
 Id StepStream::Impl::vit_block_frozen(Id x) {
-  const int64_t stream = frozen_bf16 ? 2 : 4;
+  const int64_t stream = vit_frozen_bf16 ? 2 : 4;
   const auto layer_norm = [&] {
     Id w32 = -1, b32 = -1, x32 = -1;
-    if (frozen_bf16) w32 = A(d * 4), b32 = A(d * 4), x32 = A(nP * d * 4);
+    if (vit_frozen_bf16) w32 = A(d * 4), b32 = A(d * 4), x32 = A(nP * d * 4);
     const Id out = A(nP * d * 4), mean = A(nP * 4), rstd = A(nP * 4);
     F({mean, rstd});
-    if (frozen_bf16) F({x32, b32, w32});
+    if (vit_frozen_bf16) F({x32, b32, w32});
     return out;
   };
   const auto linear = [&](int64_t in, int64_t out_width, bool cast_input) {
     Id bias = -1, weight = -1, input = -1;
-    if (!frozen_bf16) bias = A(out_width * 2), weight = A(out_width * in * 2);
+    if (!vit_frozen_bf16) bias = A(out_width * 2), weight = A(out_width * in * 2);
     if (cast_input) input = A(nP * in * 2);
     const Id out = A(nP * out_width * 2);
     if (cast_input) F({input});
-    if (!frozen_bf16) F({weight, bias});
+    if (!vit_frozen_bf16) F({weight, bias});
     return out;
   };
   const Id ln1 = layer_norm();
@@ -114,7 +114,7 @@ std::vector<Id> StepStream::Impl::vit_forward() {
   }
   if (freeze_v) {
     Id crops16 = -1, x = -1;
-    if (frozen_bf16) {
+    if (vit_frozen_bf16) {
       crops16 = A(n * 3 * img * img * 2);
       const Id patches = A(nP * K * 2);
       const Id pe_out = A(nP * d * 2);
@@ -132,12 +132,12 @@ std::vector<Id> StepStream::Impl::vit_forward() {
     }
     for (int64_t l = 0; l < vl; ++l) x = vit_block_frozen(x);
     Id w32 = -1, b32 = -1, x32 = -1;
-    if (frozen_bf16) w32 = A(d * 4), b32 = A(d * 4), x32 = A(nP * d * 4);
+    if (vit_frozen_bf16) w32 = A(d * 4), b32 = A(d * 4), x32 = A(nP * d * 4);
     lnf = A(nP * d * 4), lnfm = A(nP * 4), lnfr = A(nP * 4);
     F({lnfm, lnfr});
-    if (frozen_bf16) F({x32, b32, w32});
+    if (vit_frozen_bf16) F({x32, b32, w32});
     F({x});
-    if (frozen_bf16) F({crops16});  // chunk.to(bf16) dies with the ViT call's statement
+    if (vit_frozen_bf16) F({crops16});  // chunk.to(bf16) dies with the ViT call's statement
     return cache;
   }
   // Trained: chunk by chunk (VisionLanguageModel::encode_crops), each through the patch
@@ -146,7 +146,7 @@ std::vector<Id> StepStream::Impl::vit_forward() {
   // projector's weight are views, cast anew per chunk).
   const int64_t total = n, per = s.spec_.levers.vision_chunk_crops;
   chunks.clear();
-  for (int64_t first = 0; first<total; first += per> 0 ? per : total) {
+  for (int64_t first = 0; first < total; first += (per > 0 ? per : total)) {
     VitChunk c;
     c.crops = per > 0 ? std::min(per, total - first) : total;
     set_chunk(c.crops);
@@ -182,18 +182,14 @@ std::vector<Id> StepStream::Impl::vit_forward() {
 
 StepStream::Impl::AddmmGrads StepStream::Impl::addmm_backward(int64_t in, int64_t out) {
   AddmmGrads g{A(nP * in * 2), A(out * in * 2), A(out * 2)};
-  const ReduceStaging staging = reduce_staging(s.gpu_, out, nP, 2, false);
-  if (staging.staging > 0) {
-    const Id st = A(staging.staging), sem = A(staging.semaphores);
-    F({sem, st});
-  }
+  reduction_staging(out, nP, 2, false);
   return g;
 }
 
 // One ViT block's backward from the residual gradient `G` (shared, accumulated in place;
 // checkpointed: the node's own, and the block's gradients are captured, returned in `keep`),
 // for the chunk at `place`, gathering the parameters' gradients in `grads`.
-Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool ckpt,
+Id StepStream::Impl::vit_block_backward(const VitBlock& b, Id G, Id xin, bool ckpt,
                                         std::vector<Id>& keep, const Place& place,
                                         BlockGrads& grads) {
   // A linear's weight and bias gradients (bf16, of the cached casts) gathered over the chunks;
@@ -236,13 +232,13 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
   };
   const Id g16 = A(nP * d * 2);
   const AddmmGrads fc2 = addmm_backward(m, d);
-  F({g16, s_.gelu, s_.fc2_w});
+  F({g16, b.gelu, b.fc2_w});
   gather(grads.fc2, fc2.dw, fc2.db, m, d);
   to_fp32(grads.fc2, m, d);
   const Id gg = A(nP * m * 2);
-  F({fc2.dx, s_.fc1});
+  F({fc2.dx, b.fc1});
   const AddmmGrads fc1 = addmm_backward(d, m);
-  F({gg, s_.fc1_x, s_.fc1_w});
+  F({gg, b.fc1_x, b.fc1_w});
   gather(grads.fc1, fc1.dw, fc1.db, d, m);
   const Id fc1_dx32 = A(nP * d * 4);
   F({fc1.dx});
@@ -250,7 +246,7 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
   const Id dn2 = A(nP * d * 4);
   Id dg2 = A(d * 4), db2 = A(d * 4);
   norm_weight_partials(nP, d, dg2, &db2);
-  F({fc1_dx32, s_.h, s_.ln2m, s_.ln2r});
+  F({fc1_dx32, b.h, b.ln2m, b.ln2r});
   Id R = G;
   if (ckpt) {
     R = A(nP * d * 4);  // summed out of place: the outer node holds the output's gradient
@@ -259,18 +255,18 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
   layer_norm(grads.ln2_g, grads.ln2_b, dg2, db2);
   const Id g16a = A(nP * d * 2);
   const AddmmGrads o = addmm_backward(d, d);
-  F({g16a, s_.o_w});
+  F({g16a, b.o_w});
   gather(grads.o, o.dw, o.db, d, d);
   to_fp32(grads.o, d, d);
   // Flash attention's backward (sdpa on [n, h, P, d/h], bf16).
   const Id dq = A(nP * d * 2), dk = A(nP * d * 2), dv = A(nP * d * 2);
   const Id sd = A(flash_softmax_d_bytes(n, P, h));
   const Id dqacc = A(flash_dq_accum_bytes(n, P, h, d / h));
-  F({dqacc, sd, o.dx, s_.qkv, s_.lse, s_.att, s_.r16, s_.r8});
+  F({dqacc, sd, o.dx, b.qkv, b.lse, b.att, b.r16, b.r8});
   const Id gqkv = A(nP * 3 * d * 2);
   F({dq, dk, dv});
   const AddmmGrads qkv = addmm_backward(d, 3 * d);
-  F({gqkv, s_.qkv_x, s_.qkv_w});
+  F({gqkv, b.qkv_x, b.qkv_w});
   gather(grads.qkv, qkv.dw, qkv.db, d, 3 * d);
   const Id qkv_dx32 = A(nP * d * 4);
   F({qkv.dx});
@@ -279,9 +275,9 @@ Id StepStream::Impl::vit_block_backward(const VitBlock& s_, Id G, Id xin, bool c
   Id dg1 = A(d * 4), db1 = A(d * 4);
   norm_weight_partials(nP, d, dg1, &db1);
   if (ckpt) {
-    F({qkv_dx32, s_.ln1m, s_.ln1r, dn1});
+    F({qkv_dx32, b.ln1m, b.ln1r, dn1});
   } else {
-    F({qkv_dx32, xin, s_.ln1m, s_.ln1r, dn1});
+    F({qkv_dx32, xin, b.ln1m, b.ln1r, dn1});
   }
   layer_norm(grads.ln1_g, grads.ln1_b, dg1, db1);
   return R;
@@ -372,6 +368,8 @@ void StepStream::Impl::image_backward(Id G, Id source, Id mp_w, Id mp_x) {
     } else if (place.first()) {
       grads.positions_shared = true;
     }
+    // Added in place even into a buffered view (a one-crop chunk processed first: the trace of
+    // tiny-bf16-vitchunk8's step 3, 57 crops in chunks of 8, says so).
     join(grads.positions, pe_gpos, P * d * 4, place, false);
     if (place.last()) {
       // AccumulateGrad cannot take over a shared gradient as the .grad: it clones it.
@@ -383,11 +381,7 @@ void StepStream::Impl::image_backward(Id G, Id source, Id mp_w, Id mp_x) {
       }
     }
     const Id pe_dW = A(d * K * 2), pe_db = A(d * 2);
-    const ReduceStaging pe_staging = reduce_staging(s.gpu_, d, nP, 2, false);
-    if (pe_staging.staging > 0) {
-      const Id st = A(pe_staging.staging), sem = A(pe_staging.semaphores);
-      F({sem, st});
-    }
+    reduction_staging(d, nP, 2, false);
     F({pe_g16, c.pe_x});
     join(grads.pe_b, pe_db, d * 2, place, true);
     const Id pe_dW32 = A(d * K * 4);

@@ -1,6 +1,7 @@
 // Internal to lib/memory: the walk behind cuda::StepStream (memory/cuda_step.h), one file per
 // job: the step's frame, the all-reduce and the optimizer (cuda_step.cpp), the image path
-// (cuda_step_vision.cpp), the decoder and the embeddings (cuda_step_language.cpp).
+// (cuda_step_vision.cpp), the decoder and the embeddings (cuda_step_language.cpp), the loss
+// (cuda_step_loss.cpp), the fp32 path's blocks (cuda_step_fp32.cpp).
 #pragma once
 
 #include <cstdint>
@@ -51,16 +52,16 @@ struct StepStream::Impl {
   StepStream& s;
   // Dimensions (spec/model_spec.h): ViT, projector, decoder.
   int64_t img, patch, d, vl, h, m, ps, D, Ll, Hq, Hkv, hd, Fm, V, P, K, Ti, Pq;
-  bool ckpt_v, ckpt_l, freeze_v, frozen_bf16, freeze_l, f32;
+  bool ckpt_v, ckpt_l, freeze_v, vit_frozen_bf16, freeze_l, f32;
   bool untied;  // the head's own weight: its gradient to its own AccumulateGrad
   int64_t es;  // the decoder's stream element: 4 (fp32), 2 with the decoder frozen in bf16
   // The micro-batch.
-  int64_t N = 0, S = 0, L = 0, n = 0, nP = 0, rows = 1;
+  int64_t N = 0, S = 0, L = 0, n = 0, nP = 0, batch_rows = 1;
   std::vector<spec::GroupShape> groups;  // fp32's grouped attention (its segments' groups)
   int micro = 0;
   Id lsum = -1;
-  // Forward state the backward reads.
-  Id cos_b = -1, sin_b = -1;
+  // Forward state the backward reads: the RoPE tables (fp32) and the ones the blocks use.
+  Id cos_t = -1, sin_t = -1, cos_b = -1, sin_b = -1;
   // The image path per chunk of crops (model.vision_chunk_crops; one chunk without it).
   struct VitChunk {
     int64_t crops = 0;
@@ -69,7 +70,7 @@ struct StepStream::Impl {
     std::vector<VitBlock> blocks;
   };
   std::vector<VitChunk> chunks;
-  Id x_v0 = -1, lnf = -1, lnfm = -1, lnfr = -1;  // a frozen ViT's (one chunk)
+  Id lnf = -1, lnfm = -1, lnfr = -1;  // a frozen ViT's final LayerNorm (one chunk)
   void set_chunk(int64_t crops) { n = crops, nP = n * P; }
   std::vector<DecBlock> dec;
   std::vector<Id> dec_inputs;
@@ -98,6 +99,11 @@ struct StepStream::Impl {
   // them (cuda_kernels.h norm_weight_partial_rows): the partial sums, each summed into a new
   // gradient that replaces the first, the partials freed. `dg` and `db` then name the results.
   void norm_weight_partials(int64_t rows, int64_t features, Id& dg, Id* db = nullptr);
+
+  // A reduction's cross-block staging and semaphores (cuda_kernels.h reduce_staging), taken and
+  // given back within the kernel.
+  void reduction_staging(int64_t outputs, int64_t inputs_per_output, int64_t input_bytes,
+                         bool contiguous);
 
   // cuBLAS's workspaces, at a thread's first GEMM (cuda_kernels.h).
   void gemm_workspace(bool backward, bool lt);
@@ -131,6 +137,7 @@ struct StepStream::Impl {
   void convert(Id& buffer, int64_t fp32_bytes) {
     const Id fp32 = A(fp32_bytes);
     F({buffer});
+    buffer = fp32;
     acc_image(fp32);
   }
   struct LinearGrads {
@@ -173,12 +180,14 @@ struct StepStream::Impl {
   // One ViT block's backward from the residual gradient `G` (shared, accumulated in place;
   // checkpointed: the node's own, and the block's gradients are captured, returned in `keep`),
   // for the chunk at `place`, gathering the parameters' gradients in `grads`.
-  Id vit_block_backward(const VitBlock& s_, Id G, Id xin, bool ckpt, std::vector<Id>& keep,
+  Id vit_block_backward(const VitBlock& b, Id G, Id xin, bool ckpt, std::vector<Id>& keep,
                         const Place& place, BlockGrads& grads);
 
   // --- the decoder ----------------------------------------------------------------------
-  // RoPE on q then k (language_model.cpp apply_rotary): only the rotated tensor stays.
-  void rotary(DecBlock& b);
+  // RoPE on q then k (language_model.cpp apply_rotary) in elements of `e` bytes: only the
+  // rotated tensor stays; its backward on q's or k's gradient (freed), returning the input's.
+  void rotary(DecBlock& b, int64_t e);
+  Id rotary_backward(Id grad, bool q, bool tables, int64_t e);
 
   DecBlock dec_block_grad(bool backward_thread, bool first_layer_of_pass);
 
@@ -214,17 +223,16 @@ struct StepStream::Impl {
   // A ViT LayerNorm's backward after which `released` go: its input gradient joins the
   // residual's in place, then the weight's and bias's AccumulateGrad.
   Id layer_norm_backward_fp32(std::initializer_list<Id> released, bool out_of_place);
-  Id vit_block_backward_fp32(const VitBlock& b, Id xin);
+  Id vit_block_backward_fp32(const VitBlock& b, Id G, Id xin, bool ckpt);
   // The memory-efficient backward's buffers beyond dq, dk, dv for B sequences of L, H heads.
   void efficient_backward_buffers(int64_t batch, int64_t heads, int64_t length,
                                   int64_t output_bytes);
   void image_backward_fp32(Id G, Id source);
   DecBlock dec_block_fp32(bool backward_thread);
   DecBlock dec_block_fp32_nograd();
-  void rotary_fp32(DecBlock& b);
   void grouped_attention(DecBlock& b, bool graph);
   Id grouped_attention_backward(const DecBlock& b, Id dXo, bool frees_tables);
-  Id dec_block_backward_fp32(const DecBlock& b, Id xin, bool first_layer);
+  Id dec_block_backward_fp32(const DecBlock& b, Id G, Id xin, bool first_layer, bool ckpt);
 
   // --- the loss (cuda_step_loss.cpp) ------------------------------------------------------
   // The loss's tensors between its forward and its backward.
@@ -238,12 +246,25 @@ struct StepStream::Impl {
   // After the final norm (`nf`, its output): the supervised rows gathered, the head and the
   // cross-entropy, whole or in checkpointed chunks (model/token_loss.cpp), to the loss.
   void loss_forward(Id nf);
-  // The loss's backward to the gradient at the final norm's output (returned); the tied head's
-  // gradient is left in `lo.head_grad` for the embedding's backward.
+  // The loss's backward to the gradient at the final norm's output (returned); a tied head's
+  // gradient is left in `lo.head_grad` for the embedding's backward (an untied head's goes to
+  // its own AccumulateGrad).
   Id loss_backward();
 
   // --- one micro-step ---------------------------------------------------------------------
   void micro_step(const MicroBatchShape& mb, bool last_micro);
+  // The micro-batch's sizes (and fp32's segment groups), checked against what the walk follows.
+  void set_micro_batch(const MicroBatchShape& mb);
+  // What the embedding and the image path leave for the decoder and for their backward.
+  struct Embedded {
+    Id merged = -1;                 // the decoder's input
+    Id source = kNone;              // index_copy's saved source (with crops)
+    Id mp_w = kNone, mp_x = kNone;  // a frozen ViT's projector: its weight and input casts
+    std::vector<Id> cache;          // autocast's cached casts, freed after the loss
+  };
+  Embedded embed();
+  Id decoder_forward(Id x);  // the RoPE tables and the blocks, to the last block's output
+  Id decoder_backward(Id G);
 
   // From the residual gradient at the LM input: the image embeddings' gradient (index_copy's
   // saved `source`: their fp32 copy, or with a frozen bf16 decoder the embeddings themselves)

@@ -84,8 +84,8 @@ MemoryBudgetKeeper::MemoryBudgetKeeper(const Config& config, const MemoryPredict
   if (const std::string torch = estimate::unmodelled_target(predictor.spec(), budget_->target);
       !torch.empty()) {
     if (!auto_batch) {
-      // The tensor replay stands in here (where the CUDA replay does not cover the run: a
-      // frozen projector, a decoder frozen in fp32, chunks in fp32; LibTorch other than 2.11): in
+      // The tensor replay stands in here (where the CUDA replay does not cover the run,
+      // cuda::unmodelled; LibTorch other than 2.11): in
       // bf16 1.13's walk (up to 3.4 times the measured peak of a CUDA step, docs/BENCHMARKS.md,
       // H200; 5-63% above a 2.11 CPU step, docs/memory-cpu-2x.md), whose cap would refuse packs
       // that fit; in fp32 2.x's CPU walk, which no GPU trace has checked. With a fixed batch size

@@ -50,7 +50,7 @@ def record_matrix():
                                         "model.frozen_dtype=bf16"], 2),
         ("tiny-bf16-vitchunk8-ckpt", demo,
          tiny + bf16 + ["model.vision_chunk_crops=8", "model.checkpoint_vision=true"], 3),
-        # The rest of what it does not cover (2026-11-28, night): an untied head, the decoder
+        # The rest (2026-11-28, night): an untied head (replayed from the code), the decoder
         # or the projector frozen alone, a chunked loss over two micro-steps and at 460M's
         # sizes, fp32 at 460M, a checkpointed ViT in chunks at 460M.
         ("tiny-bf16-untied", demo, tiny + bf16 + ["model.language.tie_embeddings=false"], 3),

@@ -115,6 +115,7 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
       const memory::MemorySpec spec = memory::run_spec(config, /*cuda=*/true);
       const std::string why = memory::cuda::unmodelled(spec);
       INFO(name << (why.empty() ? "" : ": " + why));
+      CHECK(why.empty());  // every recorded run on the current code path is replayed
       if (!why.empty()) continue;
       const fs::path folder = recorded_in / fs::path(name).parent_path();
       std::istringstream text(
@@ -250,7 +251,7 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
       }
     }
   }
-  CHECK(replayed >= 50);  // the walk found the recorded runs: 56 steps of 22
+  CHECK(replayed >= 56);  // the walk found the recorded runs: 56 steps of 22
 }
 
 // The bytes a stream leaves allocated at its end.
@@ -288,7 +289,9 @@ TEST_CASE(
         stream.model_states();
         memory::cuda::MicroBatchShape m{512, 3, 40, 4};
         m.segment_lengths = {200, 200, 112};
-        stream.step({m, m});  // two micro-steps: the second adds into the kept gradients
+        // 4,096 tokens take the embedding's sort path (above 3,072 indices).
+        memory::cuda::MicroBatchShape big{4096, 8, 300, 6, 8, std::vector<int64_t>(8, 512)};
+        stream.step({m, big});  // two micro-steps: the second adds into the kept gradients
         return live_bytes(stream.requests());
       };
       const Config tiny = load_config(VLM_SOURCE_DIR "/configs/demo.yaml").config;
@@ -340,27 +343,55 @@ TEST_CASE(
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   int covered = 0;
-  for (int trial = 0; trial < 60; ++trial) {
+  // A micro-batch of 1-3 rows, each cut into 1-3 segments (fp32's grouped attention reads them).
+  const auto micro_batch = [&](int64_t crops) {
+    memory::cuda::MicroBatchShape m;
+    m.rows = pick(1, 3);
+    const int64_t row = 8 * pick(4, 32);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      int64_t left = row;
+      for (int64_t cut = pick(0, 2); cut > 0 && left > 8; --cut) {
+        const int64_t len = pick(1, left - 1);
+        m.segment_lengths.push_back(len);
+        left -= len;
+      }
+      m.segment_lengths.push_back(left);
+    }
+    m.tokens = m.rows * row;
+    m.segments = static_cast<int64_t>(m.segment_lengths.size());
+    m.supervised = pick(1, m.tokens / 2);
+    m.crops = crops;
+    return m;
+  };
+  for (int trial = 0; trial < 160; ++trial) {
     ModelLevers levers;
     levers.checkpoint_vision = pick(0, 2) == 0;
     levers.checkpoint_language = pick(0, 2) == 0;
     levers.freeze_vision = pick(0, 3) == 0;
+    levers.freeze_language = pick(0, 3) == 0;
     levers.frozen_dtype = pick(0, 1) ? "bf16" : "fp32";
     levers.vision_chunk_crops = pick(0, 1) ? pick(1, 5) : 0;
-    memory::MemorySpec spec =
-        memory::memory_spec(spec::preset("tiny"), levers, memory::ComputePrecision::kBf16);
+    levers.loss_chunk_tokens = pick(0, 2) == 0 ? pick(4, 32) : 0;
+    const bool fp32 = pick(0, 2) == 0;
+    spec::ModelSpec dims = spec::preset("tiny");
+    dims.language.tie_embeddings = pick(0, 3) != 0;
+    memory::MemorySpec spec = memory::memory_spec(
+        dims, levers, fp32 ? memory::ComputePrecision::kFp32 : memory::ComputePrecision::kBf16);
     spec.ranks = pick(1, 2);
-    INFO("trial " << trial << ": checkpoint " << levers.checkpoint_vision
-                  << levers.checkpoint_language << ", frozen ViT " << levers.freeze_vision << " ("
-                  << levers.frozen_dtype << "), chunks " << levers.vision_chunk_crops << ", ranks "
-                  << spec.ranks);
+    INFO("trial " << trial << ": " << (fp32 ? "fp32" : "bf16") << ", checkpoint "
+                  << levers.checkpoint_vision << levers.checkpoint_language << ", frozen ViT "
+                  << levers.freeze_vision << ", frozen decoder " << levers.freeze_language << " ("
+                  << levers.frozen_dtype << "), ViT chunks " << levers.vision_chunk_crops
+                  << ", loss chunks " << levers.loss_chunk_tokens << ", tied "
+                  << dims.language.tie_embeddings << ", ranks " << spec.ranks);
     if (!memory::cuda::unmodelled(spec).empty()) continue;
     ++covered;
     std::vector<memory::cuda::MicroBatchShape> step;
     const int64_t micro = pick(1, 3);
     for (int64_t k = 0; k < micro; ++k) {
-      const int64_t tokens = 8 * pick(4, 64);
-      step.push_back({tokens, pick(1, 6), pick(1, tokens / 2), pick(0, 1) ? pick(0, 9) : 0});
+      // With the decoder frozen a text-only micro-batch runs no backward (not walked).
+      const int64_t crops = levers.freeze_language || pick(0, 1) ? pick(1, 9) : 0;
+      step.push_back(micro_batch(crops));
     }
     memory::cuda::StepStream stream(spec, {});
     stream.model_states();
@@ -378,7 +409,7 @@ TEST_CASE(
       return std::make_pair(live.size(), bytes);
     };
     // A text-only micro-batch first at times: the image path's gradients come a step later.
-    if (pick(0, 2) == 0) stream.step({{64, 1, 8, 0}});
+    if (!levers.freeze_language && pick(0, 2) == 0) stream.step({micro_batch(0)});
     REQUIRE_NOTHROW(stream.step(step));  // a free of a request not live throws
     const auto after_first = live_after();
     const size_t from = stream.requests().size();
@@ -392,7 +423,7 @@ TEST_CASE(
     CHECK(peaks.allocated > peaks.allocated_before);
     CHECK(peaks.reserved >= peaks.allocated);
   }
-  CHECK(covered >= 20);
+  CHECK(covered >= 60);
 }
 
 TEST_CASE(

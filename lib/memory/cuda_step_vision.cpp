@@ -356,41 +356,46 @@ void StepStream::Impl::image_backward(Id G, Id source, Id mp_w, Id mp_x) {
         G = vit_block_backward(c.blocks[li], G, xin, false, keep, place, grads.blocks[li]);
       }
     }
-    // The patch embedding: the positions' gradient, the kernel's (a view, cast per chunk) and
-    // the bias's (a cached cast).
-    // With one crop the positions' gradient (a sum over the crops) is a view of the residual
-    // gradient: nothing allocated, and the residual gradient stays as long as it is buffered.
-    const Id pe_g16 = A(nP * d * 2);
-    Id pe_gpos = G;
-    if (n > 1) {
-      pe_gpos = A(P * d * 4);
-      F({G});
-    } else if (place.first()) {
-      grads.positions_shared = true;
-    }
-    // Added in place even into a buffered view (a one-crop chunk processed first: the trace of
-    // tiny-bf16-vitchunk8's step 3, 57 crops in chunks of 8, says so).
-    join(grads.positions, pe_gpos, P * d * 4, place, false);
-    if (place.last()) {
-      // AccumulateGrad cannot take over a shared gradient as the .grad: it clones it.
-      if (grads.positions_shared && !s.image_grads_) {
-        A(P * d * 4);
-        F({grads.positions});
-      } else {
-        acc_image(grads.positions);
-      }
-    }
-    const Id pe_dW = A(d * K * 2), pe_db = A(d * 2);
-    reduction_staging(d, nP, 2, false);
-    F({pe_g16, c.pe_x});
-    join(grads.pe_b, pe_db, d * 2, place, true);
-    const Id pe_dW32 = A(d * K * 4);
-    F({pe_dW});
-    if (place.last()) convert(grads.pe_b, d * 4);
-    join(grads.pe_w, pe_dW32, d * K * 4, place, true);
-    if (place.last()) acc_image(grads.pe_w);
+    patch_embedding_backward(c, G, place, grads);
   }
   set_chunk(total);
+}
+
+// The patch embedding's backward from the residual gradient `G` at the ViT's input (freed):
+// the positions' gradient, the kernel's (a view, cast per chunk) and the bias's (a cached cast).
+void StepStream::Impl::patch_embedding_backward(const VitChunk& c, Id G, const Place& place,
+                                                ImageGrads& grads) {
+  // With one crop the positions' gradient (a sum over the crops) is a view of the residual
+  // gradient: nothing allocated, and the residual gradient stays as long as it is buffered.
+  const Id pe_g16 = A(nP * d * 2);
+  Id pe_gpos = G;
+  if (n > 1) {
+    pe_gpos = A(P * d * 4);
+    F({G});
+  } else if (place.first()) {
+    grads.positions_shared = true;
+  }
+  // Added in place even into a buffered view (a one-crop chunk processed first: the trace of
+  // tiny-bf16-vitchunk8's step 3, 57 crops in chunks of 8, says so).
+  join(grads.positions, pe_gpos, P * d * 4, place, false);
+  if (place.last()) {
+    // AccumulateGrad cannot take over a shared gradient as the .grad: it clones it.
+    if (grads.positions_shared && !s.image_grads_) {
+      A(P * d * 4);
+      F({grads.positions});
+    } else {
+      acc_image(grads.positions);
+    }
+  }
+  const Id pe_dW = A(d * K * 2), pe_db = A(d * 2);
+  reduction_staging(d, nP, 2, false);
+  F({pe_g16, c.pe_x});
+  join(grads.pe_b, pe_db, d * 2, place, true);
+  const Id pe_dW32 = A(d * K * 4);
+  F({pe_dW});
+  if (place.last()) convert(grads.pe_b, d * 4);
+  join(grads.pe_w, pe_dW32, d * K * 4, place, true);
+  if (place.last()) acc_image(grads.pe_w);
 }
 
 }  // namespace vlm::memory::cuda

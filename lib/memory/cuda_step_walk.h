@@ -270,6 +270,9 @@ struct StepStream::Impl {
   // saved `source`: their fp32 copy, or with a frozen bf16 decoder the embeddings themselves)
   // through the projector and the ViT.
   void image_backward(Id G, Id source, Id mp_w, Id mp_x);
+  // The patch embedding's backward for the chunk `c` at `place`, from the residual gradient `G`
+  // at the ViT's input (freed).
+  void patch_embedding_backward(const VitChunk& c, Id G, const Place& place, ImageGrads& grads);
 
   // EmbeddingBackward0 (aten/src/ATen/native/cuda/Embedding.cu) from the token embeddings'
   // gradient: the sort path above 3,072 indices, then joined with the tied head's gradient

@@ -1,6 +1,6 @@
-// The decoder of the CUDA step replay (memory/cuda_step_walk.h): its blocks forward and
-// checkpointed (fused q/k/v and gate/up GEMMs, RoPE, varlen FlashAttention, fused RMSNorm),
-// their backward, and the embedding's backward (with a tied head's gradient).
+// The decoder of the CUDA step replay (memory/cuda_step_walk.h): the RoPE tables and its blocks
+// forward and checkpointed (fused q/k/v and gate/up GEMMs, RoPE, varlen FlashAttention, fused
+// RMSNorm), frozen, their backward, and the embedding's backward (with a tied head's gradient).
 #include <algorithm>
 
 #include "memory/cuda_step_walk.h"
@@ -260,6 +260,63 @@ void StepStream::Impl::embedding_backward(Id gtok) {
   const Id eb_sum = A(V * D * 4);
   F({lo.head_grad, eb_gw});
   acc(eb_sum);
+}
+
+// The RoPE tables (their bf16 casts kept for every layer under autocast), then the blocks.
+Id StepStream::Impl::decoder_forward(Id x) {
+  const Id posf = A(N * 4), ang = A(N * hd / 2 * 4);
+  F({posf});
+  const Id rcat = A(N * hd * 4);
+  cos_t = A(N * hd * 4), sin_t = A(N * hd * 4);
+  F({rcat, ang});
+  if (f32) {  // used as they are, until the first layer's backward
+    cos_b = cos_t, sin_b = sin_t;
+  } else {
+    cos_b = A(N * hd * 2), sin_b = A(N * hd * 2);
+  }
+  dec.clear();
+  dec_inputs.clear();
+  for (int64_t l = 0; l < Ll; ++l) {
+    dec_inputs.push_back(x);
+    dec.push_back(f32        ? (ckpt_l ? dec_block_fp32_nograd() : dec_block_fp32(false))
+                  : freeze_l ? dec_block_frozen(l == 0)
+                  : ckpt_l   ? dec_block_checkpointed(l == 0)
+                             : dec_block_grad(false, l == 0));
+    x = dec.back().out;
+  }
+  return x;
+}
+
+// The blocks' backward, last first, from the residual gradient at the final norm's input to the
+// one at the decoder's input (returned). A checkpointed block recomputes its forward on the
+// backward thread; its parameters' gradients, captured, are accumulated after its node.
+Id StepStream::Impl::decoder_backward(Id G) {
+  for (int64_t l = Ll; l-- > 0;) {
+    std::vector<Id> keep;
+    const size_t li = static_cast<size_t>(l);
+    if (f32 && ckpt_l) {
+      const DecBlock recomputed = dec_block_fp32(true);
+      captured = &keep;
+      const Id next = dec_block_backward_fp32(recomputed, G, -1, l == 0, true);
+      captured = nullptr;
+      F({recomputed.out, G, dec_inputs[li]});
+      for (const Id k : keep) acc(k);
+      G = next;
+    } else if (f32) {
+      G = dec_block_backward_fp32(dec[li], G, dec_inputs[li], l == 0, false);
+    } else if (freeze_l) {
+      dec_block_backward_frozen(dec[li], dec_inputs[li], l == 0);
+    } else if (ckpt_l) {
+      const DecBlock recomputed = dec_block_grad(true, l == Ll - 1);
+      const Id next = dec_block_backward(recomputed, G, -1, l, true, keep);
+      F({recomputed.out, G, dec_inputs[li]});
+      for (const Id k : keep) acc(k);
+      G = next;
+    } else {
+      G = dec_block_backward(dec[li], G, dec_inputs[li], l, false, keep);
+    }
+  }
+  return G;
 }
 
 }  // namespace vlm::memory::cuda

@@ -1,6 +1,7 @@
 // The image path of the CUDA step replay (memory/cuda_step_walk.h): the ViT's blocks forward,
-// checkpointed and frozen, chunk by chunk, the projector, and their backward with each
-// parameter's gradient gathered over the chunks.
+// checkpointed and frozen, chunk by chunk, the projector and the image embeddings merged into
+// the token embeddings, and their backward with each parameter's gradient gathered over the
+// chunks.
 #include <algorithm>
 
 #include "memory/cuda_step_walk.h"
@@ -396,6 +397,39 @@ void StepStream::Impl::patch_embedding_backward(const VitChunk& c, Id G, const P
   if (place.last()) convert(grads.pe_b, d * 4);
   join(grads.pe_w, pe_dW32, d * K * 4, place, true);
   if (place.last()) acc_image(grads.pe_w);
+}
+
+// The token embeddings, then with crops the image path and the projector, and index_copy of
+// the image embeddings into the token embeddings: the decoder's input.
+StepStream::Impl::Embedded StepStream::Impl::embed() {
+  Embedded e;
+  const Id emb = A(N * D * es);
+  e.merged = emb;
+  if (n == 0) return e;  // a text-only micro-batch skips the image path entirely
+  e.cache = vit_forward();
+  Id embeddings = kNone;
+  if (freeze_v) {
+    // The projector (pixel shuffle, a bias-free linear) after the frozen ViT.
+    const Id shuffled = A(nP * d * 4);
+    e.mp_w = A(D * d * ps * ps * 2), e.mp_x = A(nP * d * 2);
+    embeddings = A(n * Ti * D * 2);
+    F({e.mp_w});  // W.t() is a view: not saved when the input needs no gradient
+    F({shuffled, lnf});
+  } else if (chunks.size() == 1) {
+    embeddings = chunks.front().mp_out;
+  } else {  // the chunks' projections concatenated (torch::cat)
+    embeddings = A(n * Ti * D * 2);
+    for (const VitChunk& c : chunks) F({c.mp_out});
+  }
+  // index_copy keeps its source for the backward: the embeddings as the stream's type.
+  if (freeze_l || f32) {
+    e.source = embeddings, e.merged = A(N * D * es);
+    F({emb});
+  } else {
+    e.source = A(n * Ti * D * 4), e.merged = A(N * D * 4);
+    F({embeddings, emb});
+  }
+  return e;
 }
 
 }  // namespace vlm::memory::cuda

@@ -349,12 +349,7 @@ Id StepStream::Impl::dec_block_backward_fp32(const DecBlock& b, Id G, Id xin, bo
   gemm_workspace(true, false);
   F({b.mul});
   give(dWd, false);
-  const Id gup = A(N * Fm * 4), gsilu = A(N * Fm * 4);
-  F({dXd, b.silu});
-  const Id gs = A(N * Fm * 4);
-  F({gsilu, b.gu});
-  const Id ggu = A(N * 2 * Fm * 4);
-  F({gs, gup});
+  const Id ggu = swiglu_backward(b, dXd, 4);
   const Id dWgu = A(2 * Fm * D * 4), dX2 = A(N * D * 4);
   F({ggu, b.gu_cat, b.n2});
   give(dWgu, false);

@@ -111,6 +111,18 @@ Id StepStream::Impl::attention_backward(const DecBlock& b, Id dXo, bool frees_ta
   return gqkv;
 }
 
+// SwiGLU's backward (silu(gate) * up) from the down projection's input gradient `dXd` (freed),
+// in elements of `e` bytes: the fused gate/up gradient (returned).
+Id StepStream::Impl::swiglu_backward(const DecBlock& b, Id dXd, int64_t e) {
+  const Id gup = A(N * Fm * e), gsilu = A(N * Fm * e);
+  F({dXd, b.silu});
+  const Id gs = A(N * Fm * e);
+  F({gsilu, b.gu});
+  const Id ggu = A(N * 2 * Fm * e);
+  F({gs, gup});
+  return ggu;
+}
+
 // One decoder block's backward (the varlen flash backward in the middle); as the ViT's.
 Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t layer, bool ckpt,
                                         std::vector<Id>& keep) {
@@ -123,12 +135,7 @@ Id StepStream::Impl::dec_block_backward(const DecBlock& b, Id G, Id xin, int64_t
   const Id dWd32 = A(Fm * D * 4);
   F({dWd});
   pacc(dWd32);
-  const Id gup = A(N * Fm * 2), gsilu = A(N * Fm * 2);
-  F({dXd, b.silu});
-  const Id gs = A(N * Fm * 2);
-  F({gsilu, b.gu});
-  const Id ggu = A(N * 2 * Fm * 2);
-  F({gs, gup});
+  const Id ggu = swiglu_backward(b, dXd, 2);
   const Id dWgu = A(2 * Fm * D * 2), dX2 = A(N * D * 2);
   F({ggu, b.gu_w, b.gu_x});
   const Id dX2_32 = A(N * D * 4);
@@ -204,12 +211,7 @@ DecBlock StepStream::Impl::dec_block_frozen(bool first_layer) {
 void StepStream::Impl::dec_block_backward_frozen(const DecBlock& b, Id xin, bool first_layer) {
   const Id dXd = A(N * Fm * 2);
   gemm_workspace(true, false);
-  const Id gup = A(N * Fm * 2), gsilu = A(N * Fm * 2);
-  F({dXd, b.silu});
-  const Id gs = A(N * Fm * 2);
-  F({gsilu, b.gu});
-  const Id ggu = A(N * 2 * Fm * 2);
-  F({gs, gup});
+  const Id ggu = swiglu_backward(b, dXd, 2);
   const Id dX2 = A(N * D * 2);
   F({ggu, b.gu_cat});
   const Id dn2 = A(N * D * 2);

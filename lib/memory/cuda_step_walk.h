@@ -188,6 +188,8 @@ struct StepStream::Impl {
   // rotated tensor stays; its backward on q's or k's gradient (freed), returning the input's.
   void rotary(DecBlock& b, int64_t e);
   Id rotary_backward(Id grad, bool q, bool tables, int64_t e);
+  // SwiGLU's backward from the down projection's input gradient (freed) to the fused gate/up one.
+  Id swiglu_backward(const DecBlock& b, Id dXd, int64_t e);
 
   DecBlock dec_block_grad(bool backward_thread, bool first_layer_of_pass);
 

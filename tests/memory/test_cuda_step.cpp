@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <random>
 #include <sstream>
 #include <unordered_map>
@@ -254,8 +253,10 @@ TEST_CASE("cuda step replay: every recorded step's requests and peaks, on the re
   CHECK(replayed >= 56);  // the walk found the recorded runs: 56 steps of 22
 }
 
-// The bytes a stream leaves allocated at its end.
-int64_t live_bytes(const std::vector<memory::cuda::Request>& requests) {
+namespace {
+
+// The requests a stream leaves allocated at its end: how many, and their bytes.
+std::pair<size_t, int64_t> live_at_end(const std::vector<memory::cuda::Request>& requests) {
   std::unordered_map<int32_t, int64_t> live;
   for (const auto& r : requests) {
     if (r.bytes > 0) {
@@ -266,8 +267,10 @@ int64_t live_bytes(const std::vector<memory::cuda::Request>& requests) {
   }
   int64_t total = 0;
   for (const auto& [id, bytes] : live) total += bytes;
-  return total;
+  return {live.size(), total};
 }
+
+}  // namespace
 
 TEST_CASE(
     "cuda step replay of an untied head, from the code (no trace has one yet): the head's "
@@ -292,7 +295,7 @@ TEST_CASE(
         // 4,096 tokens take the embedding's sort path (above 3,072 indices).
         memory::cuda::MicroBatchShape big{4096, 8, 300, 6, 8, std::vector<int64_t>(8, 512)};
         stream.step({m, big});  // two micro-steps: the second adds into the kept gradients
-        return live_bytes(stream.requests());
+        return live_at_end(stream.requests()).second;
       };
       const Config tiny = load_config(VLM_SOURCE_DIR "/configs/demo.yaml").config;
       const spec::ModelSpec dims = tiny.model.dims;
@@ -395,19 +398,7 @@ TEST_CASE(
     }
     memory::cuda::StepStream stream(spec, {});
     stream.model_states();
-    const auto live_after = [&] {
-      std::map<int32_t, int64_t> live;
-      for (const auto& r : stream.requests()) {
-        if (r.bytes > 0) {
-          live[r.id] = r.bytes;
-        } else {
-          live.erase(r.id);
-        }
-      }
-      int64_t bytes = 0;
-      for (const auto& [id, b] : live) bytes += b;
-      return std::make_pair(live.size(), bytes);
-    };
+    const auto live_after = [&] { return live_at_end(stream.requests()); };
     // A text-only micro-batch first at times: the image path's gradients come a step later.
     if (!levers.freeze_language && pick(0, 2) == 0) stream.step({micro_batch(0)});
     REQUIRE_NOTHROW(stream.step(step));  // a free of a request not live throws

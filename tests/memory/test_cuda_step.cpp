@@ -32,7 +32,8 @@ namespace {
 // The recordings on the current code path, each with the micro-batch shapes of its traces
 // (scripts/trace_shapes.py): the recording matrix on an H100, and on an H200 the rest of the
 // matrix and a run of `batch_size: auto` on an 80 GB budget (several rows per micro-batch, the
-// preflight before it, the allocator at its cap).
+// preflight before it, the allocator at its cap). Every run listed must be replayed: a new
+// recording joins the list with the replay that covers it.
 const std::vector<fs::path> kRecorded = {fs::path(VLM_SOURCE_DIR) / "bench/gpu/2026-11-28-h100",
                                          fs::path(VLM_SOURCE_DIR) / "bench/gpu/2026-11-28-h200"};
 

@@ -41,7 +41,8 @@ struct Request {
 
 // What the stream does not cover for `spec` (the first feature), or "": a frozen projector; a
 // decoder frozen in fp32 storage, or frozen in bf16 and checkpointed or with the loss in chunks;
-// a ViT chunked while frozen; in fp32 a frozen module or the ViT or the loss in chunks.
+// a ViT chunked while frozen; in fp32 a frozen module, the ViT or the loss in chunks, or heads
+// of more than 64 dimensions.
 std::string unmodelled(const MemorySpec& spec);
 
 // Builds the stream of a run: the model states, then step after step.

@@ -306,6 +306,23 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("cuda step replay in fp32 stops at heads of more than 64 dimensions", "[cuda_step]") {
+  spec::ModelSpec dims = spec::preset("tiny");
+  const auto why = [&] {
+    return memory::cuda::unmodelled(
+        memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kFp32));
+  };
+  CHECK(why().empty());
+  dims.language.num_heads = 1;  // one head of the whole width
+  dims.language.num_kv_heads = 1;
+  REQUIRE(spec::language_head_dim(dims.language) > 64);
+  CHECK(why().find("64 dimensions") != std::string::npos);
+  // bf16 runs FlashAttention, whose buffers follow any head dimension.
+  CHECK(memory::cuda::unmodelled(
+            memory::memory_spec(dims, ModelLevers{}, memory::ComputePrecision::kBf16))
+            .empty());
+}
+
 TEST_CASE(
     "cuda step replay over two ranks: the communicator's buffers before the model, the "
     "gradients flattened into buckets before the optimizer",

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpucheck.common import CheckFailed, Runner  # noqa: E402
 from gpucheck.filling import check_auto_batch  # noqa: E402
+from gpucheck.kernels import check_vit_kernels  # noqa: E402
 from gpucheck.correctness import (  # noqa: E402
     check_attention, check_bf16_steps, check_checkpointing, check_fp16, check_fused_optimizer,
     check_injected_ooms, check_real_oom, check_resume)
@@ -90,6 +91,9 @@ def main():
                                                 artifacts=a.artifacts)),
         # End to end on the public length stream, each tool with its own packing.
         ("stream", lambda: check_stream(r, a.stream_steps, a.nanovlm, a.stream)),
+        # The ViT's kernels one by one (attention backends, LayerNorm and the residual by stream
+        # dtype, the GELU epilogue, the GEMMs): issue 30's next kernel-level change.
+        ("vit_kernels", lambda: check_vit_kernels(a.device, a.artifacts)),
     ]
     report = json.loads(a.header)
     report.update({"date": time.strftime("%Y-%m-%d"), "checks": {}})

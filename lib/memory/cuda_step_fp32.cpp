@@ -261,7 +261,9 @@ void StepStream::Impl::grouped_attention(DecBlock& b, bool graph) {
     for (int i = 0; i < (batch_rows > 1 ? 4 : 2); ++i) copies.push_back(A(hidden));
   }
   std::vector<Id> group_rows;
+  group_rows.reserve(groups.size());
   b.groups.clear();
+  b.groups.reserve(groups.size());
   for (const spec::GroupShape& g : groups) {
     const int64_t padded = g.segments * g.padded, bytes = padded * D * 4;
     DecBlock::Group kept;
